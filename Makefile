@@ -1,0 +1,39 @@
+# Set-up is idempotent: `make serve` and `make test` each create .venv, install the data and the
+# Python dependencies when missing, then do their job.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+LADDER ?= ladders/default
+CHECKPOINT ?= models/checkpoints/resnet_exits_fmnist.pt
+
+.PHONY: serve test data venv ladder lint bench clean
+
+serve: $(STAMP) data ladder
+	$(BIN)/anytime serve --ladder $(LADDER)
+
+test: $(STAMP) data
+	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || \
+		{ echo "error: Python 3.11 is required (found $$($(PYTHON) --version))" >&2; exit 1; }
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+data:
+	@scripts/ensure-data.sh
+
+# Builds the default ladder when it is missing or stale (the builder redoes only what changed).
+ladder: $(STAMP) data
+	$(BIN)/anytime build $(CHECKPOINT) --out $(LADDER)
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) ladders reports

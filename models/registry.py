@@ -1,0 +1,37 @@
+"""Model registry: families register a builder; `create_model("family.variant", **config)` builds one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+Builder = Callable[..., nn.Module]
+
+_REGISTRY: dict[str, Builder] = {}
+
+
+def register_model(name: str) -> Callable[[Builder], Builder]:
+    """Register a builder under `name` (a family, or `family.variant` with preset options)."""
+
+    def decorate(fn: Builder) -> Builder:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} is registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorate
+
+
+def list_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create_model(name: str, **config: Any) -> nn.Module:
+    """Build a registered model; unknown names raise a KeyError listing the known ones."""
+    try:
+        builder = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(list_models())}") from None
+    return builder(**config)

@@ -1,0 +1,1 @@
+"""The Anytime service and its command line."""

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.cli import main
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    assert "usage: anytime " + command in capsys.readouterr().out
+
+
+def test_bad_arguments_exit_2_with_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--epochs", "0", "--out", "x.pt"])
+    assert e.value.code == 2
+    assert "must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--widths", "a,b", "--out", "x.pt"])
+    assert e.value.code == 2
+
+
+def test_unknown_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--model", "nope", "--out", str(tmp_path / "x.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown model 'nope'" in err
+
+
+def test_missing_data_names_the_package(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--data", f"fashion-mnist:{tmp_path}", "--out", str(tmp_path / "x.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("anytime train: error: missing") and "apt-get install dataset-fashion-mnist" in err
+    assert main(["evaluate", str(tmp_path / "none.pt")]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
+
+
+def test_entry_point_is_installed() -> None:
+    exe = Path(sys.executable).parent / "anytime"
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
+    assert "train" in out and "evaluate" in out

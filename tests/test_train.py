@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models import create_model
+from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from models.data import FashionMNIST
+from models.train import TrainConfig, evaluate_exits, to_tensor, train
+
+
+def _mean_loss(model: torch.nn.Module, fmnist: FashionMNIST, n: int) -> float:
+    split = fmnist.split("train").head(n)
+    with torch.inference_mode():
+        outs = model.eval().forward_all(to_tensor(split.images, fmnist.preprocess()))
+        target = torch.from_numpy(split.labels)
+        return float(sum(F.cross_entropy(o, target) for o in outs) / len(outs))
+
+
+@pytest.fixture(scope="module")
+def quick_checkpoint(fmnist: FashionMNIST) -> Checkpoint:
+    config = TrainConfig(model="resnet_exits.small", epochs=2, limit=1024, batch_size=64, lr=0.05, seed=1)
+    return train(config, fmnist, command="pytest quick run", progress=False)
+
+
+def test_short_training_lowers_the_loss(quick_checkpoint: Checkpoint, fmnist: FashionMNIST) -> None:
+    torch.manual_seed(1)
+    before = _mean_loss(create_model("resnet_exits.small"), fmnist, 1024)
+    after = _mean_loss(quick_checkpoint.build_model(), fmnist, 1024)
+    assert after < before - 0.3, (before, after)
+
+
+def test_checkpoint_records_everything(quick_checkpoint: Checkpoint, fmnist: FashionMNIST) -> None:
+    assert quick_checkpoint.splits["train"] == fmnist.split("train").head(1024).fingerprint
+    assert quick_checkpoint.splits["val"] == fmnist.split("val").fingerprint
+    assert set(quick_checkpoint.accuracy) == {"val", "test", "test[:1000]"}
+    assert all(len(v) == 3 for v in quick_checkpoint.accuracy.values())
+    assert quick_checkpoint.command == "pytest quick run"
+
+
+def test_checkpoint_round_trip_and_checks(quick_checkpoint: Checkpoint, fmnist: FashionMNIST, tmp_path: Path) -> None:
+    path = tmp_path / "quick.pt"
+    quick_checkpoint.save(path)
+    loaded = load_checkpoint(path, fmnist)
+    x = torch.randn(3, 1, 28, 28)
+    assert torch.equal(loaded.build_model()(x), quick_checkpoint.build_model()(x))
+
+    record = torch.load(path, weights_only=True)
+    record["splits"]["val"] = "0" * 64
+    torch.save(record, tmp_path / "bad_split.pt")
+    with pytest.raises(CheckpointError, match="split 'val' differs"):
+        load_checkpoint(tmp_path / "bad_split.pt", fmnist)
+
+    record = torch.load(path, weights_only=True)
+    del record["command"]
+    torch.save(record, tmp_path / "no_command.pt")
+    with pytest.raises(CheckpointError, match="'command' missing"):
+        load_checkpoint(tmp_path / "no_command.pt")
+
+    record = torch.load(path, weights_only=True)
+    record["model_config"]["widths"] = [8, 8, 8]
+    torch.save(record, tmp_path / "bad_config.pt")
+    with pytest.raises(CheckpointError, match="does not build its model"):
+        load_checkpoint(tmp_path / "bad_config.pt")
+
+    (tmp_path / "garbage.pt").write_bytes(b"\x00" * 100)
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(tmp_path / "garbage.pt")
+
+
+def test_default_checkpoint_reproduces_recorded_accuracy(default_checkpoint: Checkpoint, fmnist: FashionMNIST) -> None:
+    model = default_checkpoint.build_model()
+    measured = evaluate_exits(model, fmnist.split("test").head(1000), default_checkpoint.preprocess)
+    recorded = default_checkpoint.accuracy["test[:1000]"]
+    assert measured == pytest.approx(recorded, abs=0.0015)  # at most one image of 1,000 flips on a near-tie
+
+
+def test_default_checkpoint_meets_targets(default_checkpoint: Checkpoint) -> None:
+    test = default_checkpoint.accuracy["test"]
+    assert test[-1] >= 0.93 and test[0] >= 0.88, test
