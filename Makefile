@@ -12,7 +12,7 @@ CHECKPOINT ?= models/checkpoints/resnet_exits_fmnist.pt
 serve: $(STAMP) data ladder
 	$(BIN)/anytime serve --ladder $(LADDER)
 
-test: $(STAMP) data
+test: $(STAMP) data ladder
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 venv: $(STAMP)
@@ -22,7 +22,10 @@ $(STAMP): pyproject.toml
 		{ echo "error: Python 3.11 is required (found $$($(PYTHON) --version))" >&2; exit 1; }
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	# compat mode puts the checkout on sys.path. The default editable finder ranks below sys.path, and
+	# onnxruntime.transformers appends a directory holding a namespace package named `models`, which then
+	# shadowed ours (the registry came up empty).
+	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 data:

@@ -35,7 +35,7 @@ class Checkpoint:
     train_seconds: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)
 
-    def build_model(self) -> nn.Module:
+    def build_model(self) -> Any:  # the registered family's network (nn.Module), e.g. ResNetExits
         """The network in eval mode with these weights (strict: every tensor must match)."""
         model = create_model(self.model_name, **self.model_config)
         model.load_state_dict(self.state_dict, strict=True)

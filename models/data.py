@@ -72,7 +72,7 @@ class PreprocessSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> PreprocessSpec:
-        shape = tuple(d["input_shape"])  # type: ignore[arg-type]
+        shape: tuple[int, int, int] = tuple(d["input_shape"])  # type: ignore[arg-type, assignment]
         spec = cls(shape, str(d["dtype"]), tuple(d["mean"]), tuple(d["std"]))  # type: ignore[arg-type]
         if len(spec.input_shape) != 3 or len(spec.mean) != spec.input_shape[0] or len(spec.std) != len(spec.mean):
             raise ValueError(f"inconsistent preprocessing spec {d}")
@@ -110,8 +110,11 @@ class Split:
 class DataSource(Protocol):
     """Anything that yields labelled images for the four splits."""
 
-    source_id: str
-    class_names: tuple[str, ...]
+    @property
+    def source_id(self) -> str: ...
+
+    @property
+    def class_names(self) -> tuple[str, ...]: ...
 
     def split(self, name: str) -> Split: ...
 
@@ -254,7 +257,7 @@ class ImageFolderSource(_SplitSource):
         images = np.empty((len(folder.samples), self.size, self.size), np.uint8)
         for i, (path, _) in enumerate(folder.samples):
             with Image.open(path) as img:
-                images[i] = np.asarray(img.convert("L").resize((self.size, self.size), Image.BILINEAR))
+                images[i] = np.asarray(img.convert("L").resize((self.size, self.size), Image.Resampling.BILINEAR))
         return images, np.asarray(folder.targets, np.int64)
 
 

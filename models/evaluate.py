@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from models.checkpoint import Checkpoint
@@ -22,7 +21,7 @@ def count_macs(fn: Any, *args: Any) -> int:
     return counter.get_total_flops() // 2
 
 
-def exit_params(model: nn.Module, k: int) -> int:
+def exit_params(model: Any, k: int) -> int:
     """Parameters that exit k's answer uses: the stem, stages 1..k and exit head k."""
     modules = [model.stem, *model.stages[:k], model.exits[k - 1]]
     return sum(p.numel() for m in modules for p in m.parameters())

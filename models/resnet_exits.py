@@ -77,7 +77,7 @@ class ResNetExits(nn.Module):
             nn.BatchNorm2d(first),
             nn.ReLU(inplace=True),
         )
-        self.stages = nn.ModuleList()
+        self.stages: list[nn.ModuleList] = nn.ModuleList()  # type: ignore[assignment]
         in_ch = first
         for s, (width, count) in enumerate(zip(config.widths, config.blocks, strict=True)):
             stride = 1 if s == 0 else 2

@@ -45,3 +45,17 @@ def test_entry_point_is_installed() -> None:
     exe = Path(sys.executable).parent / "anytime"
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
     assert "train" in out and "evaluate" in out
+
+
+def test_cli_default_checkpoint_is_the_models_one() -> None:
+    from models.checkpoint import DEFAULT_CHECKPOINT
+    from service import cli
+
+    assert cli.DEFAULT_CHECKPOINT == DEFAULT_CHECKPOINT.resolve()
+
+
+def test_our_models_package_wins_after_onnxruntime_quantization(tmp_path: Path) -> None:
+    """onnxruntime.transformers appends a dir with a `models` namespace package to sys.path."""
+    code = "import onnxruntime.quantization, engines.build, models; print(models.list_models())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert "resnet_exits.fmnist" in out.stdout
