@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
+from engines.manifest import Ladder, load_ladder
 from models.checkpoint import DEFAULT_CHECKPOINT, Checkpoint, load_checkpoint
 from models.data import FashionMNIST
 
@@ -22,3 +26,19 @@ def fmnist() -> FashionMNIST:
 @pytest.fixture(scope="session")
 def default_checkpoint(fmnist: FashionMNIST) -> Checkpoint:
     return load_checkpoint(DEFAULT_CHECKPOINT, fmnist)
+
+
+@pytest.fixture(scope="session")
+def default_ladder_dir() -> Path:
+    """The default ladder (make test builds it first; built here if it is missing)."""
+    directory = Path(os.environ.get("ANYTIME_TEST_LADDER", "ladders/default"))
+    if not (directory / "ladder.json").is_file():
+        from engines.build import BuildConfig, build_ladder
+
+        build_ladder(DEFAULT_CHECKPOINT, directory, BuildConfig(progress=False))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def default_ladder(default_ladder_dir: Path) -> Ladder:
+    return load_ladder(default_ladder_dir)

@@ -1,0 +1,111 @@
+"""The engine interface every backend implements, the choices as enums, and the named errors."""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
+class Backend(StrEnum):
+    ONNXRUNTIME = "onnxruntime"
+    OPENVINO = "openvino"
+    TORCH = "torch"
+    TENSORRT = "tensorrt"
+
+
+class BackendUnavailable(RuntimeError):
+    """An optional backend cannot run here; the message says why (not installed, no device...)."""
+
+
+class ArtifactError(RuntimeError):
+    """An engine file that is missing, corrupt or does not match what the manifest recorded."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One executable artefact: feed float32 arrays, get float32 arrays back.
+
+    `run` returns every output in graph order (a cascade stage gives (features, logits)); `infer`
+    returns the last one, which is always the logits.
+    """
+
+    backend: Backend
+    precision: Precision
+    input_name: str
+    output_names: list[str]
+    path: Path | None
+
+    def run(self, x: np.ndarray) -> list[np.ndarray]: ...
+
+    def infer(self, x: np.ndarray) -> np.ndarray: ...
+
+    def warmup(self, batch_sizes: tuple[int, ...] = (1,), runs: int = 5) -> None: ...
+
+    def close(self) -> None: ...
+
+    @property
+    def bytes_on_disk(self) -> int: ...
+
+
+class EngineBase(ABC):
+    """Shared behaviour; backends implement `run` (and `close` when they hold resources)."""
+
+    backend: Backend
+    precision: Precision
+    input_name: str
+    output_names: list[str]
+    path: Path | None = None
+    input_shape: tuple[int, ...] = ()  # one item's shape, without the batch axis
+
+    @abstractmethod
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
+        """Every output of the graph for a float32 batch."""
+
+    def infer(self, x: np.ndarray) -> np.ndarray:
+        return self.run(x)[-1]
+
+    def warmup(self, batch_sizes: tuple[int, ...] = (1,), runs: int = 5) -> None:
+        for batch in batch_sizes:
+            x = np.zeros((batch, *self.input_shape), np.float32)
+            for _ in range(runs):
+                self.run(x)
+
+    def close(self) -> None:  # noqa: B027 - optional hook: engines without resources need nothing
+        """Release the backend's resources (sessions, device memory)."""
+
+    @property
+    def bytes_on_disk(self) -> int:
+        return self.path.stat().st_size if self.path is not None else 0
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.backend}/{self.precision} {self.path}>"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_artifact(path: Path, sha256: str | None) -> None:
+    """Refuse a missing file or one whose sha256 differs from the recorded one."""
+    if not path.is_file():
+        raise ArtifactError(f"missing engine file {path}")
+    if sha256 is not None:
+        actual = sha256_file(path)
+        if actual != sha256:
+            raise ArtifactError(f"{path} is corrupt or was replaced: sha256 {actual[:12]}, manifest says {sha256[:12]}")

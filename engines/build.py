@@ -1,0 +1,440 @@
+"""checkpoint -> ONNX graphs -> INT8/BF16/FP16 engines -> measured profiles -> `ladder.json`.
+
+Every step's output is keyed by what it was made from (checkpoint sha256, graph, method, versions) in
+`build-cache.json`; a re-run redoes only the steps whose key changed, and reuses the measurements of
+engines whose file and measuring settings did not change.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnxconverter_common import float16
+from tqdm import tqdm
+
+from calibration.data import CalibrationSet
+from calibration.quantize import CalibrationMethod, quantize_int8
+from engines.base import Backend, Engine, Precision, sha256_file
+from engines.cuts import greedy_cuts
+from engines.export import ExitGraph, StageGraph, export_graph, stage_input_shape
+from engines.factory import open_engine
+from engines.manifest import (
+    Artifact,
+    Calibration,
+    Cascade,
+    CutSearch,
+    EngineRecord,
+    Ladder,
+    ManifestError,
+    Rung,
+    Stage,
+    load_ladder,
+)
+from engines.profile import accuracy, machine_info, measure_latency, measure_peak_memory, predict_logits
+from engines.thresholds import fit_thresholds, simulate
+from models.checkpoint import Checkpoint, load_checkpoint
+from models.data import DataSource, open_source
+from models.evaluate import count_macs
+
+# (precision, backend, source file precision) for every engine that runs on this CPU.
+CPU_ENGINES = [
+    (Precision.FP32, Backend.ONNXRUNTIME, Precision.FP32),
+    (Precision.INT8, Backend.ONNXRUNTIME, Precision.INT8),
+    (Precision.BF16, Backend.OPENVINO, Precision.FP32),  # OpenVINO runs the FP32 file in BF16
+    (Precision.FP16, Backend.ONNXRUNTIME, Precision.FP16),  # the GPU file, measured here honestly
+]
+
+
+@dataclass
+class BuildConfig:
+    threads: int = 2
+    calib_samples: int = 1000
+    calib_method: CalibrationMethod | None = None  # None: the method with the best val accuracy
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    runs: int = 200
+    accuracy_bound_pp: float = 0.5
+    min_cuts: int = 3
+    data: str = "fashion-mnist"
+    progress: bool = True
+
+    def measuring_key(self) -> dict[str, Any]:
+        return {"threads": self.threads, "batch_sizes": list(self.batch_sizes), "runs": self.runs}
+
+
+@dataclass
+class Graph:
+    """One exported network: a cascade stage, a fixed exit, or a residual cut (answering at the last exit)."""
+
+    name: str
+    kind: str  # "stage" | "exit" | "cut"
+    exit: int
+    cut: tuple[str, ...] = ()
+    item_shape: tuple[int, ...] = ()
+    outputs: list[str] = field(default_factory=lambda: ["logits"])
+    macs: int = 0
+
+    def file(self, precision: Precision, tensorrt: bool = False) -> str:
+        return f"{self.name}.{precision}{'.trt' if tensorrt else ''}.onnx"
+
+
+class ArtifactCache:
+    """Remembers the key each file was made from; a file whose key changed is rebuilt."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "build-cache.json"
+        self.entries: dict[str, str] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    @staticmethod
+    def digest(key: dict[str, Any]) -> str:
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+    def fresh(self, path: Path, key: dict[str, Any]) -> bool:
+        return path.is_file() and self.entries.get(path.name) == self.digest(key)
+
+    def record(self, path: Path, key: dict[str, Any]) -> None:
+        self.entries[path.name] = self.digest(key)
+        self.path.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
+
+
+class Builder:
+    def __init__(self, checkpoint_path: Path, out: Path, config: BuildConfig) -> None:
+        self.out, self.config = Path(out), config
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.source: DataSource = open_source(config.data)
+        self.ckpt: Checkpoint = load_checkpoint(checkpoint_path, self.source)
+        self.ckpt_artifact = _artifact(Path(checkpoint_path), Path(checkpoint_path).resolve().parent)
+        self.model = self.ckpt.build_model()
+        self.spec = self.ckpt.preprocess
+        self.cache = ArtifactCache(self.out)
+        self.previous = self._previous_records()
+        self.versions = {"torch": str(torch.__version__), "onnx": onnx.__version__, **_backend_versions()}
+        self.val, self.test = self.source.split("val"), self.source.split("test")
+        torch.set_num_threads(config.threads)
+        torch.set_flush_denormal(True)
+
+    # -- helpers -------------------------------------------------------------------------------------
+    def _previous_records(self) -> dict[str, dict[str, Any]]:
+        try:
+            old = load_ladder(self.out, verify=False)
+        except (ManifestError, OSError):
+            return {}
+        if old.splits != self.ckpt.splits or old.measuring != self.config.measuring_key():
+            return {}
+        return {r.name: r.model_dump() for r in [*old.rungs, *old.stages]}
+
+    def _key(self, **extra: Any) -> dict[str, Any]:
+        return {"checkpoint": self.ckpt_artifact.sha256, "versions": self.versions, **extra}
+
+    def _bar(self, items: list[Any], desc: str) -> Any:
+        return tqdm(items, desc=desc, disable=not self.config.progress)
+
+    def _log(self, message: str) -> None:
+        if self.config.progress:
+            tqdm.write(message)
+
+    def cut_search(self) -> list[dict[str, float | str]]:
+        """The greedy path, reused while the checkpoint and data are unchanged (it depends on timings)."""
+        path = self.out / "cut-search.json"
+        key = self._key(step="cut-search", val=self.val.fingerprint)
+        if self.cache.fresh(path, key):
+            steps: list[dict[str, float | str]] = json.loads(path.read_text())
+            return steps
+        steps = greedy_cuts(self.model, self.val.head(2000), self.spec)
+        path.write_text(json.dumps(steps, indent=1))
+        self.cache.record(path, key)
+        return steps
+
+    # -- graphs ----------------------------------------------------------------------------------------
+    def graphs(self, cuts: list[tuple[str, ...]]) -> list[Graph]:
+        k_last = self.model.num_stages
+        shape = tuple(self.spec.input_shape)
+        graphs = [
+            Graph(f"stage{k}", "stage", k, (), stage_input_shape(self.model, shape, k), ["features", "logits"])
+            for k in range(1, k_last + 1)
+        ]
+        graphs += [Graph(f"exit{k}", "exit", k, (), shape) for k in range(1, k_last + 1)]
+        graphs += [Graph(f"cut{i}", "cut", k_last, cut, shape) for i, cut in enumerate(cuts, 1)]
+        for g in graphs:
+            g.macs = count_macs(self.module(g), torch.zeros(1, *g.item_shape))
+        return graphs
+
+    def module(self, g: Graph) -> torch.nn.Module:
+        return StageGraph(self.model, g.exit) if g.kind == "stage" else ExitGraph(self.model, g.exit, g.cut)
+
+    def export(self, graphs: list[Graph]) -> None:
+        for g in self._bar(graphs, "export ONNX"):
+            path = self.out / g.file(Precision.FP32)
+            key = self._key(graph=asdict(g), step="export")
+            if not self.cache.fresh(path, key):
+                export_graph(self.module(g), g.item_shape, path, g.outputs)
+                self.cache.record(path, key)
+            fp16 = self.out / g.file(Precision.FP16)
+            key16 = self._key(graph=asdict(g), step="fp16", source=sha256_file(path))
+            if g.kind != "stage" and not self.cache.fresh(fp16, key16):
+                half = float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
+                onnx.save(half, str(fp16))
+                self.cache.record(fp16, key16)
+
+    # -- INT8 ------------------------------------------------------------------------------------------
+    def stage_transform(self, k: int) -> Callable[[np.ndarray], np.ndarray] | None:
+        """FP32 run of stages 1..k-1: what stage k receives."""
+        if k == 1:
+            return None
+        engines = [
+            open_engine(Backend.ONNXRUNTIME, self.out / f"stage{s}.fp32.onnx", Precision.FP32, self.config.threads)
+            for s in range(1, k)
+        ]
+
+        def run(x: np.ndarray) -> np.ndarray:
+            for e in engines:
+                x = e.run(x)[0]
+            return x
+
+        return run
+
+    def calibration_set(self, g: Graph) -> CalibrationSet:
+        transform = self.stage_transform(g.exit) if g.kind == "stage" else None
+        return CalibrationSet(self.source.split("calib"), self.spec, self.config.calib_samples, transform=transform)
+
+    def quantize(self, g: Graph, method: CalibrationMethod, cpu_path: Path | None = None) -> Path:
+        fp32 = self.out / g.file(Precision.FP32)
+        cpu = cpu_path or self.out / g.file(Precision.INT8)
+        trt = None if cpu_path else self.out / g.file(Precision.INT8, tensorrt=True)
+        calib = self.calibration_set(g)
+        key = self._key(step="int8", source=sha256_file(fp32), method=str(method), calib=calib.record())
+        if not (self.cache.fresh(cpu, key) and (trt is None or self.cache.fresh(trt, key))):
+            cache_path = self.out / "calibration" / f"{g.name}.{method}.json"
+            cache_path.parent.mkdir(exist_ok=True)
+            cache_path.unlink(missing_ok=True)  # ranges are recomputed whenever the source graph changed
+            quantize_int8(fp32, cpu, trt, calib, method, cache_path)
+            self.cache.record(cpu, key)
+            if trt is not None:
+                self.cache.record(trt, key)
+        return cpu
+
+    def choose_method(self, last: Graph) -> Calibration:
+        """Quantize the last exit with every method; keep the named one or the one best on val."""
+        calib = self.calibration_set(last)
+        by_method: dict[str, float] = {}
+        methods = [self.config.calib_method] if self.config.calib_method else list(CalibrationMethod)
+        for method in self._bar(methods, "calibration methods"):
+            path = self.quantize(last, method, cpu_path=self.out / "calibration" / f"{last.name}.{method}.int8.onnx")
+            engine = open_engine(Backend.ONNXRUNTIME, path, Precision.INT8, self.config.threads)
+            by_method[str(method)] = accuracy(predict_logits(engine, self.val, self.spec), self.val.labels)
+        best = max(by_method, key=lambda m: by_method[m])
+        return Calibration(
+            method=best,
+            chosen_by="named" if self.config.calib_method else "val_accuracy",
+            samples=self.config.calib_samples,
+            split="calib",
+            fingerprint=str(calib.record()["fingerprint"]),
+            val_accuracy_by_method=by_method,
+        )
+
+    # -- measuring -------------------------------------------------------------------------------------
+    def engine_record(
+        self,
+        g: Graph,
+        precision: Precision,
+        backend: Backend,
+        file_precision: Precision,
+    ) -> tuple[dict[str, Any], Engine]:
+        path = self.out / g.file(file_precision)
+        art = _artifact(path, self.out)
+        name = f"{g.name}.{precision}.{backend}"
+        engine, memory = measure_peak_memory(lambda: open_engine(backend, path, precision, self.config.threads))
+        old = self.previous.get(name)
+        if old and old["artifact"]["sha256"] == art.sha256:
+            profiles = old["profiles"]
+        else:
+            profiles = [measure_latency(engine, b, self.config.runs).model_dump() for b in self.config.batch_sizes]
+        record = {
+            "name": name,
+            "precision": precision,
+            "backend": backend,
+            "artifact": art.model_dump(),
+            "input_shape": list(g.item_shape),
+            "outputs": g.outputs,
+            "profiles": profiles,
+            "macs": g.macs,
+            "peak_memory_bytes": memory,
+        }
+        return record, engine
+
+    def rung(self, g: Graph, precision: Precision, backend: Backend, file_precision: Precision) -> Rung:
+        record, engine = self.engine_record(g, precision, backend, file_precision)
+        old = self.previous.get(record["name"])
+        if old and old["artifact"]["sha256"] == record["artifact"]["sha256"] and "val_accuracy" in old:
+            val_acc, test_acc = old["val_accuracy"], old["test_accuracy"]
+        else:
+            val_acc = accuracy(predict_logits(engine, self.val, self.spec), self.val.labels)
+            test_acc = accuracy(predict_logits(engine, self.test, self.spec), self.test.labels)
+        engine.close()
+        return Rung(
+            **record,
+            kind="cut" if g.kind == "cut" else "exit",
+            exit=g.exit,
+            cut=list(g.cut),
+            val_accuracy=val_acc,
+            test_accuracy=test_acc,
+        )
+
+    def cascade(
+        self,
+        stages: list[Graph],
+        precision: Precision,
+        backend: Backend,
+        file_precision: Precision,
+    ) -> tuple[list[Stage], Cascade]:
+        records, engines = [], []
+        for g in stages:
+            record, engine = self.engine_record(g, precision, backend, file_precision)
+            records.append(Stage(**record, index=g.exit))
+            engines.append(engine)
+        val_logits = _chain_logits(engines, self.val, self.spec)
+        fit = fit_thresholds(
+            val_logits, self.val.labels, [s.profile(1).p50_ms for s in records], self.config.accuracy_bound_pp
+        )
+        test_logits = _chain_logits(engines, self.test, self.spec)
+        _, preds = simulate(test_logits, fit.thresholds)
+        for e in engines:
+            e.close()
+        cascade = Cascade(
+            name=f"cascade.{precision}.{backend}",
+            precision=precision,
+            backend=backend,
+            stages=[r.name for r in records],
+            thresholds=fit.thresholds,
+            accuracy_bound_pp=self.config.accuracy_bound_pp,
+            expected_exit_share=fit.exit_share,
+            expected_mean_ms=fit.mean_cost_ms,
+            val_accuracy=fit.accuracy,
+            test_accuracy=float((preds == self.test.labels).mean()),
+            test_last_exit_accuracy=accuracy(test_logits[-1], self.test.labels),
+        )
+        return records, cascade
+
+    # -- the whole build -------------------------------------------------------------------------------
+    def build(self) -> Ladder:
+        start = time.perf_counter()
+        self._log(f"greedy residual-cut search on val ({len(self.model.cuttable_blocks())} cuttable blocks)")
+        steps = self.cut_search()
+        cuts = [tuple(str(s["dropped"]) for s in steps[: i + 1]) for i in range(len(steps))]
+        graphs = self.graphs(cuts)
+        self.export(graphs)
+        by_kind = {kind: [g for g in graphs if g.kind == kind] for kind in ("stage", "exit", "cut")}
+        calibration = self.choose_method(by_kind["exit"][-1])
+        method = CalibrationMethod(calibration.method)
+        for g in self._bar(graphs, "quantize INT8"):
+            self.quantize(g, method)
+
+        rungs = [
+            self.rung(g, *spec)
+            for g in self._bar(by_kind["exit"] + by_kind["cut"], "measure rungs")
+            for spec in CPU_ENGINES
+        ]
+        rungs, kept = _keep_pareto_cuts(rungs, self.config.min_cuts)
+        mark_dominated(rungs)
+        stages, cascades = [], []
+        for spec in self._bar([s for s in CPU_ENGINES if s[0] is not Precision.FP16], "measure cascades"):
+            recs, cascade = self.cascade(by_kind["stage"], *spec)
+            stages += recs
+            cascades.append(cascade)
+        in_ladder = {r.name.split(".")[0] for r in rungs} | {g.name for g in by_kind["stage"]}
+        trt_sources = [
+            _artifact(self.out / g.file(Precision.INT8, tensorrt=True), self.out) for g in graphs if g.name in in_ladder
+        ]
+        ladder = Ladder(
+            created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            checkpoint=self.ckpt_artifact,
+            model=self.ckpt.model_name,
+            network_config=self.ckpt.model_config,
+            class_names=self.ckpt.class_names,
+            preprocess=self.spec.to_dict(),
+            data_source=self.source.source_id,
+            splits=self.ckpt.splits,
+            threads=self.config.threads,
+            measuring=self.config.measuring_key(),
+            machine=machine_info(),
+            software=self.versions,
+            calibration=calibration,
+            cut_search=CutSearch(steps=steps, kept=kept),
+            stages=stages,
+            cascades=cascades,
+            rungs=rungs,
+            tensorrt_sources=trt_sources,
+            build_seconds=time.perf_counter() - start,
+        )
+        ladder.save(self.out)
+        return ladder
+
+
+def _chain_logits(engines: list[Engine], split: Any, spec: Any, batch_size: int = 250) -> list[np.ndarray]:
+    """Every exit's logits for a split, running the stage engines as the cascade does (features passed on)."""
+    per_exit: list[list[np.ndarray]] = [[] for _ in engines]
+    for images, _ in split.batches(batch_size):
+        x = spec.normalize(images)
+        for k, engine in enumerate(engines):
+            x, logits = engine.run(x)
+            per_exit[k].append(logits)
+    return [np.concatenate(chunks) for chunks in per_exit]
+
+
+def _keep_pareto_cuts(rungs: list[Rung], min_cuts: int) -> tuple[list[Rung], list[str]]:
+    """Keep cut variants on the FP32 accuracy/latency front of all FP32 rungs (at least `min_cuts` of them)."""
+    fp32 = [r for r in rungs if r.precision is Precision.FP32 and r.backend is Backend.ONNXRUNTIME]
+    cuts = sorted((r for r in fp32 if r.kind == "cut"), key=lambda r: -r.val_accuracy)
+    front = [c for c in cuts if not any(_dominates(o, c) for o in fp32 if o is not c)]
+    keep = front if len(front) >= min_cuts else cuts[:min_cuts]
+    graphs = {r.name.split(".")[0] for r in keep}
+    return [r for r in rungs if r.kind != "cut" or r.name.split(".")[0] in graphs], sorted(graphs)
+
+
+def _dominates(a: Rung, b: Rung) -> bool:
+    """a is at least as accurate on val and no slower (p50) at every measured batch size, and better somewhere."""
+    faster = all(a.profile(p.batch).p50_ms <= p.p50_ms for p in b.profiles)
+    strictly = a.val_accuracy > b.val_accuracy or any(a.profile(p.batch).p50_ms < p.p50_ms for p in b.profiles)
+    return a.val_accuracy >= b.val_accuracy and faster and strictly
+
+
+def mark_dominated(rungs: list[Rung]) -> None:
+    for r in rungs:
+        better = [o for o in rungs if o is not r and _dominates(o, r)]
+        r.dominated = bool(better)
+        r.dominated_by = max(better, key=lambda o: o.val_accuracy).name if better else None
+
+
+def _artifact(path: Path, root: Path) -> Artifact:
+    return Artifact(
+        path=str(path.resolve().relative_to(root.resolve())), sha256=sha256_file(path), bytes=path.stat().st_size
+    )
+
+
+def _backend_versions() -> dict[str, str]:
+    import onnxruntime
+    import openvino
+
+    return {
+        "onnxruntime": onnxruntime.__version__,
+        "openvino": openvino.get_version(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+
+
+def build_ladder(checkpoint: Path, out: Path, config: BuildConfig | None = None) -> Ladder:
+    return Builder(checkpoint, out, config or BuildConfig()).build()
+
+
+__all__ = ["BuildConfig", "EngineRecord", "build_ladder"]

@@ -1,0 +1,117 @@
+"""ONNX export: one graph per cascade stage, per fixed exit and per residual cut, each checked against torch."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from engines.base import Precision
+from engines.onnxruntime import OnnxRuntimeEngine
+
+EXPORT_TOLERANCE = 1e-4  # max abs logit difference, FP32 ONNX Runtime vs torch
+OPSET = 18
+
+
+class ExportError(RuntimeError):
+    """An exported graph that does not compute what the torch model computes."""
+
+
+class StageGraph(nn.Module):
+    """stage_k: features_{k-1} (the image for k = 1) -> (features_k, logits_k)."""
+
+    def __init__(self, model: Any, k: int) -> None:  # any multi-exit network (forward_stage/forward_exit)
+        super().__init__()
+        self.model, self.k = model, k
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.model.forward_stage(self.k, x)
+        return features, self.model.forward_exit(self.k, features)
+
+
+class ExitGraph(nn.Module):
+    """input -> logits of exit k, with the blocks in `cut` dropped."""
+
+    def __init__(self, model: Any, k: int, cut: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.model, self.k, self.cut = model, k, cut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x, exit=self.k, cut=self.cut)
+
+
+def stage_input_shape(model: Any, input_shape: tuple[int, ...], k: int) -> tuple[int, ...]:
+    """Shape of one item entering stage k."""
+    x = torch.zeros(1, *input_shape)
+    with torch.inference_mode():
+        for s in range(1, k):
+            x = model.forward_stage(s, x)
+    return tuple(x.shape[1:])
+
+
+def export_graph(
+    module: nn.Module,
+    item_shape: tuple[int, ...],
+    path: Path,
+    output_names: list[str],
+    check_inputs: np.ndarray | None = None,
+) -> Path:
+    """Export with the dynamo exporter (folds batch norm), dynamic batch axis, then check against torch."""
+    module = module.eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    example = torch.randn(2, *item_shape)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    with warnings.catch_warnings(), _quiet_exporter():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module,
+            (example,),
+            dynamo=True,
+            input_names=["input"],
+            output_names=output_names,
+            dynamic_shapes=({0: batch},),
+            opset_version=OPSET,
+            optimize=True,
+            verbose=False,
+        )
+    if program is None:
+        raise ExportError(f"torch.onnx.export returned no program for {path}")
+    program.save(str(path))
+    onnx.checker.check_model(str(path))
+    check_export(module, path, item_shape, check_inputs)
+    return path
+
+
+def check_export(module: nn.Module, path: Path, item_shape: tuple[int, ...], inputs: np.ndarray | None = None) -> float:
+    """Max abs output difference between FP32 ONNX Runtime and torch; raise ExportError above tolerance."""
+    rng = np.random.default_rng(0)
+    x = inputs if inputs is not None else rng.standard_normal((8, *item_shape)).astype(np.float32)
+    with torch.inference_mode():
+        ref = module(torch.from_numpy(x))
+    refs = [t.numpy() for t in (ref if isinstance(ref, tuple) else (ref,))]
+    engine = OnnxRuntimeEngine(path, Precision.FP32, threads=1)
+    outs = engine.run(x)
+    engine.close()
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(outs, refs, strict=True))
+    if worst > EXPORT_TOLERANCE:
+        raise ExportError(f"{path}: FP32 ONNX differs from torch by {worst:.2e} (tolerance {EXPORT_TOLERANCE:.0e})")
+    return worst
+
+
+class _quiet_exporter:
+    """The dynamo exporter logs every pass at INFO; keep build output readable."""
+
+    def __enter__(self) -> None:
+        self._levels = {n: logging.getLogger(n).level for n in ("torch.onnx", "onnxscript", "torch.export")}
+        for name in self._levels:
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+    def __exit__(self, *exc: object) -> None:
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)

@@ -1,0 +1,173 @@
+"""The ladder manifest (`ladder.json`): a versioned pydantic schema, one record per rung and stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engines.base import ArtifactError, Backend, Precision, verify_artifact
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "ladder.json"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LatencyProfile(_Model):
+    """Latency of one engine at one batch size, measured after warm-up with fixed threads."""
+
+    batch: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    runs: int
+
+
+class Artifact(_Model):
+    path: str  # relative to the ladder directory
+    sha256: str
+    bytes: int
+
+
+class EngineRecord(_Model):
+    """What one engine file is and what it measured; shared by rungs and cascade stages."""
+
+    name: str
+    precision: Precision
+    backend: Backend
+    artifact: Artifact
+    input_shape: list[int]  # one item, without the batch axis
+    outputs: list[str]
+    profiles: list[LatencyProfile]
+    macs: int
+    peak_memory_bytes: int  # resident-set growth while loading the engine and running batch 32
+
+    def profile(self, batch: int) -> LatencyProfile:
+        """The profile at `batch`, or the smallest measured batch above it (conservative)."""
+        above = [p for p in self.profiles if p.batch >= batch]
+        if not above:
+            raise ValueError(f"{self.name} has no profile at batch {batch} or larger")
+        return min(above, key=lambda p: p.batch)
+
+
+class Rung(EngineRecord):
+    """One way to answer: a fixed exit or a residual cut, in one precision on one backend."""
+
+    kind: Literal["exit", "cut"]
+    exit: int
+    cut: list[str] = Field(default_factory=list)
+    val_accuracy: float
+    test_accuracy: float
+    dominated: bool = False  # slower and no more accurate than another rung: skipped by default
+    dominated_by: str | None = None
+
+
+class Stage(EngineRecord):
+    """stage_k of the cascade: features_{k-1} -> (features_k, logits_k)."""
+
+    index: int
+
+
+class Cascade(_Model):
+    """An anytime chain of stages in one precision/backend with its fitted entropy thresholds."""
+
+    name: str
+    precision: Precision
+    backend: Backend
+    stages: list[str]  # Stage names, in order
+    thresholds: list[float]  # one per exit but the last: stop when entropy <= threshold
+    accuracy_bound_pp: float
+    expected_exit_share: list[float]  # on val
+    expected_mean_ms: float  # from stage p50 at batch 1 and the exit shares
+    val_accuracy: float
+    test_accuracy: float
+    test_last_exit_accuracy: float
+
+
+class Calibration(_Model):
+    method: str
+    chosen_by: Literal["val_accuracy", "named"]
+    samples: int
+    split: str
+    fingerprint: str
+    val_accuracy_by_method: dict[str, float]
+
+
+class CutSearch(_Model):
+    """The greedy residual-cut search: each step's dropped block, val accuracy and estimated ms saved."""
+
+    steps: list[dict[str, float | str]]
+    kept: list[str]  # rung names on the Pareto front
+
+
+class Ladder(_Model):
+    schema_version: int = SCHEMA_VERSION
+    created: str
+    checkpoint: Artifact
+    model: str
+    network_config: dict[str, object]
+    class_names: list[str]
+    preprocess: dict[str, object]
+    data_source: str
+    splits: dict[str, str]  # split name -> fingerprint
+    threads: int
+    measuring: dict[str, object]  # threads, batch sizes and timed runs behind every profile
+    machine: dict[str, str]
+    software: dict[str, str]
+    calibration: Calibration
+    cut_search: CutSearch
+    stages: list[Stage]
+    cascades: list[Cascade]
+    rungs: list[Rung]
+    tensorrt_sources: list[Artifact] = Field(default_factory=list)  # symmetric QDQ ONNX for TensorRT plans
+    build_seconds: float = 0.0
+
+    def rung(self, name: str) -> Rung:
+        for r in self.rungs:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def stage(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def save(self, directory: Path) -> Path:
+        path = Path(directory) / MANIFEST_NAME
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(self.model_dump_json(indent=2))
+        tmp.replace(path)  # a reader never sees half a manifest
+        return path
+
+
+class ManifestError(RuntimeError):
+    """A ladder directory whose manifest is missing, malformed or of another schema version."""
+
+
+def load_ladder(directory: Path, verify: bool = True) -> Ladder:
+    """Read `ladder.json`; with `verify`, check every artefact's sha256 (a mismatch is an ArtifactError)."""
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(f"no ladder manifest at {path}: build one with `anytime build`")
+    try:
+        ladder = Ladder.model_validate_json(path.read_text())
+    except ValidationError as e:
+        raise ManifestError(
+            f"{path} is not a valid ladder manifest: {e.error_count()} errors, first: "
+            f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}"
+        ) from None
+    if ladder.schema_version != SCHEMA_VERSION:
+        raise ManifestError(f"{path}: schema {ladder.schema_version}, this code reads {SCHEMA_VERSION}")
+    if verify:
+        for record in [*ladder.stages, *ladder.rungs]:
+            verify_artifact(Path(directory) / record.artifact.path, record.artifact.sha256)
+    return ladder
+
+
+__all__ = ["ArtifactError", "Ladder", "ManifestError", "load_ladder"]

@@ -1,0 +1,145 @@
+"""Backend conformance, written once and subclassed per backend and precision (on the real default ladder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engines.base import Backend, Engine, Precision
+from engines.export import ExitGraph
+from engines.factory import open_engine
+from engines.manifest import Ladder
+from engines.torch import TorchEngine
+from models.checkpoint import Checkpoint
+from models.data import FashionMNIST
+
+
+class EngineConformance:
+    backend: Backend
+    precision: Precision
+    logit_tolerance: float | None  # max abs logit difference against torch; None: not comparable (INT8)
+    min_agreement = 0.98  # top-1 agreement with FP32 torch on 1,000 test images
+
+    def open(self, ladder_dir: Path, ladder: Ladder, name: str) -> Engine:
+        record = next(r for r in [*ladder.rungs, *ladder.stages] if r.name == name)
+        return open_engine(
+            record.backend, ladder_dir / record.artifact.path, record.precision, 2, record.artifact.sha256
+        )
+
+    def exit_engine(self, ladder_dir: Path, ladder: Ladder, k: int) -> Engine:
+        return self.open(ladder_dir, ladder, f"exit{k}.{self.precision}.{self.backend}")
+
+    @pytest.fixture(scope="class")
+    def images(self, fmnist: FashionMNIST, default_checkpoint: Checkpoint) -> tuple[np.ndarray, np.ndarray]:
+        test = fmnist.split("test").head(1000)
+        return default_checkpoint.preprocess.normalize(test.images), test.labels
+
+    @pytest.mark.parametrize("k", [1, 2, 3])
+    def test_logits_match_torch(
+        self,
+        k: int,
+        default_ladder_dir: Path,
+        default_ladder: Ladder,
+        default_checkpoint: Checkpoint,
+        images: tuple[np.ndarray, np.ndarray],
+    ) -> None:
+        x, _ = images
+        engine = self.exit_engine(default_ladder_dir, default_ladder, k)
+        got = np.concatenate([engine.infer(x[i : i + 100]) for i in range(0, len(x), 100)])
+        with torch.inference_mode():
+            ref = default_checkpoint.build_model()(torch.from_numpy(x), exit=k).numpy()
+        if self.logit_tolerance is not None:
+            assert np.abs(got - ref).max() <= self.logit_tolerance
+        assert (got.argmax(1) == ref.argmax(1)).mean() >= self.min_agreement
+
+    def test_batch_sizes_agree(
+        self, default_ladder_dir: Path, default_ladder: Ladder, images: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        engine = self.exit_engine(default_ladder_dir, default_ladder, 3)
+        x = images[0][:8]
+        one_by_one = np.concatenate([engine.infer(x[i : i + 1]) for i in range(8)])
+        assert np.allclose(engine.infer(x), one_by_one, atol=1e-3 if self.precision is Precision.FP32 else 0.05)
+
+    def test_stage_chain_equals_monolithic_exits(
+        self, default_ladder_dir: Path, default_ladder: Ladder, images: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        if not any(s.name == f"stage1.{self.precision}.{self.backend}" for s in default_ladder.stages):
+            pytest.skip(f"no {self.precision} cascade on {self.backend} in the CPU ladder")
+        x = images[0][:200]
+        feats = x
+        for k in (1, 2, 3):
+            feats, chained = self.open(
+                default_ladder_dir, default_ladder, f"stage{k}.{self.precision}.{self.backend}"
+            ).run(feats)
+            mono = self.exit_engine(default_ladder_dir, default_ladder, k).infer(x)
+            if self.precision is Precision.INT8:  # stages and exits are calibrated separately
+                assert (chained.argmax(1) == mono.argmax(1)).mean() >= self.min_agreement
+            else:
+                assert np.abs(chained - mono).max() <= (1e-4 if self.precision is Precision.FP32 else 0.5)
+
+
+class TestOnnxRuntimeFP32(EngineConformance):
+    backend, precision, logit_tolerance = Backend.ONNXRUNTIME, Precision.FP32, 1e-4
+
+
+class TestOnnxRuntimeINT8(EngineConformance):
+    backend, precision, logit_tolerance = Backend.ONNXRUNTIME, Precision.INT8, None
+
+
+class TestOnnxRuntimeFP16(EngineConformance):
+    backend, precision, logit_tolerance = Backend.ONNXRUNTIME, Precision.FP16, 0.05
+
+
+class TestOpenVinoBF16(EngineConformance):
+    backend, precision, logit_tolerance = Backend.OPENVINO, Precision.BF16, 0.5
+
+
+class TestTorchReference(EngineConformance):
+    backend, precision, logit_tolerance = Backend.TORCH, Precision.FP32, 0.0
+
+    def open(self, ladder_dir: Path, ladder: Ladder, name: str) -> Engine:
+        pytest.skip("the torch engine has no stage files")
+
+    def exit_engine(self, ladder_dir: Path, ladder: Ladder, k: int) -> Engine:
+        from models.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+
+        model = load_checkpoint(DEFAULT_CHECKPOINT).build_model()
+        return TorchEngine(ExitGraph(model, k), (1, 28, 28), ["logits"])
+
+
+def _has_trt_gpu() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorrt") is not None and torch.cuda.is_available()
+
+
+class _TensorRTConformance(EngineConformance):
+    """Plans built from the ladder's own ONNX: FP16 by builder flag from the FP32 file, INT8 from the
+    symmetric QDQ file."""
+
+    backend = Backend.TENSORRT
+
+    def open(self, ladder_dir: Path, ladder: Ladder, name: str) -> Engine:
+        import tempfile
+
+        from engines.tensorrt import TensorRTEngine, build_plan
+
+        graph = name.split(".")[0]
+        source = ladder_dir / (f"{graph}.int8.trt.onnx" if self.precision is Precision.INT8 else f"{graph}.fp32.onnx")
+        plan = build_plan(source, Path(tempfile.mkdtemp()) / f"{graph}.{self.precision}.plan", self.precision)
+        return TensorRTEngine(plan)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_trt_gpu(), reason="needs tensorrt and a CUDA GPU")
+class TestTensorRTFP16(_TensorRTConformance):
+    precision, logit_tolerance = Precision.FP16, 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_trt_gpu(), reason="needs tensorrt and a CUDA GPU")
+class TestTensorRTINT8(_TensorRTConformance):
+    precision, logit_tolerance = Precision.INT8, None
