@@ -334,26 +334,27 @@ class Builder:
         graphs = self.graphs(cuts)
         self.export(graphs)
         by_kind = {kind: [g for g in graphs if g.kind == kind] for kind in ("stage", "exit", "cut")}
+        # Cut variants off the FP32 accuracy/latency front are dropped before any other engine is made.
+        answering = by_kind["exit"] + by_kind["cut"]
+        fp32 = [self.rung(g, *CPU_ENGINES[0]) for g in self._bar(answering, "measure FP32 rungs")]
+        fp32, kept = _keep_pareto_cuts(fp32, self.config.min_cuts)
+        answering = [g for g in answering if g.kind == "exit" or g.name in kept]
         calibration = self.choose_method(by_kind["exit"][-1])
         method = CalibrationMethod(calibration.method)
-        for g in self._bar(graphs, "quantize INT8"):
+        for g in self._bar(by_kind["stage"] + answering, "quantize INT8"):
             self.quantize(g, method)
-
-        rungs = [
-            self.rung(g, *spec)
-            for g in self._bar(by_kind["exit"] + by_kind["cut"], "measure rungs")
-            for spec in CPU_ENGINES
+        rungs = fp32 + [
+            self.rung(g, *spec) for g in self._bar(answering, "measure other rungs") for spec in CPU_ENGINES[1:]
         ]
-        rungs, kept = _keep_pareto_cuts(rungs, self.config.min_cuts)
+        rungs.sort(key=lambda r: (r.kind != "exit", r.name))  # exits first, then cuts; by name
         mark_dominated(rungs)
         stages, cascades = [], []
         for spec in self._bar([s for s in CPU_ENGINES if s[0] is not Precision.FP16], "measure cascades"):
             recs, cascade = self.cascade(by_kind["stage"], *spec)
             stages += recs
             cascades.append(cascade)
-        in_ladder = {r.name.split(".")[0] for r in rungs} | {g.name for g in by_kind["stage"]}
         trt_sources = [
-            _artifact(self.out / g.file(Precision.INT8, tensorrt=True), self.out) for g in graphs if g.name in in_ladder
+            _artifact(self.out / g.file(Precision.INT8, tensorrt=True), self.out) for g in by_kind["stage"] + answering
         ]
         ladder = Ladder(
             created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -391,14 +392,13 @@ def _chain_logits(engines: list[Engine], split: Any, spec: Any, batch_size: int 
     return [np.concatenate(chunks) for chunks in per_exit]
 
 
-def _keep_pareto_cuts(rungs: list[Rung], min_cuts: int) -> tuple[list[Rung], list[str]]:
-    """Keep cut variants on the FP32 accuracy/latency front of all FP32 rungs (at least `min_cuts` of them)."""
-    fp32 = [r for r in rungs if r.precision is Precision.FP32 and r.backend is Backend.ONNXRUNTIME]
+def _keep_pareto_cuts(fp32: list[Rung], min_cuts: int) -> tuple[list[Rung], list[str]]:
+    """Keep the cut variants on the accuracy/latency front of all FP32 rungs (at least `min_cuts` of them)."""
     cuts = sorted((r for r in fp32 if r.kind == "cut"), key=lambda r: -r.val_accuracy)
     front = [c for c in cuts if not any(_dominates(o, c) for o in fp32 if o is not c)]
     keep = front if len(front) >= min_cuts else cuts[:min_cuts]
     graphs = {r.name.split(".")[0] for r in keep}
-    return [r for r in rungs if r.kind != "cut" or r.name.split(".")[0] in graphs], sorted(graphs)
+    return [r for r in fp32 if r.kind != "cut" or r.name.split(".")[0] in graphs], sorted(graphs)
 
 
 def _dominates(a: Rung, b: Rung) -> bool:
