@@ -9,7 +9,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from models.checkpoint import DEFAULT_CHECKPOINT
+# The same path as models.checkpoint.DEFAULT_CHECKPOINT, without importing torch for every command.
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "models" / "checkpoints" / "resnet_exits_fmnist.pt"
 
 
 class UsageError(Exception):
@@ -63,6 +64,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         seed=args.seed,
         threads=args.threads,
         limit=args.limit,
+        init=args.init,
     )
     command = "anytime " + shlex.join(sys.argv[1:])
     ckpt = train_to(args.out, config, source, command)
@@ -96,6 +98,7 @@ def cmd_build(args: argparse.Namespace) -> None:
         runs=args.runs,
         accuracy_bound_pp=args.bound_pp,
         data=args.data,
+        progress=not args.quiet,
     )
     if not args.checkpoint.is_file():
         raise UsageError(f"no checkpoint at {args.checkpoint}")
@@ -151,6 +154,105 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def cmd_loadtest(args: argparse.Namespace) -> None:
+    import datetime
+
+    from loadtest.client import LoadConfig, Scenario, check_target, run_load, write_run
+    from loadtest.schedule import DeadlineMix
+    from models.data import open_source
+
+    try:
+        check_target(args.url, args.allow_remote)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.policy == "fixed" and not args.rung:
+        raise UsageError("--policy fixed needs --rung (GET /v1/ladder lists the rungs)")
+    if args.policy != "fixed" and args.rung:
+        raise UsageError("--rung goes with --policy fixed only")
+    deadlines = DeadlineMix.parse(args.deadline_mix) if args.deadline_mix else DeadlineMix.single(args.deadline)
+    config = LoadConfig(
+        url=args.url,
+        scenario=Scenario(args.scenario),
+        rate=args.rate,
+        requests=args.requests,
+        duration_s=args.duration,
+        deadlines=deadlines,
+        policy=args.policy,
+        rung=args.rung,
+        on_infeasible=args.on_infeasible,
+        timeout_s=args.timeout,
+        seed=args.seed,
+    )
+    split = open_source(args.data).split("test")
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    try:
+        records = run_load(config, split, progress=not args.quiet)
+    except ConnectionError as e:
+        raise UsageError(str(e)) from None
+    m = write_run(args.out, config, records, started=started)["metrics"]
+    if not m["sent"]:
+        raise UsageError(f"no request was due within --duration {args.duration:g} s at --rate {args.rate:g}/s")
+    s, c = m["server_latency_ms"], m["client_latency_ms"]
+    print(
+        f"{m['sent']} sent, {m['answered']} answered; attainment {m['attainment']:.1%}, effective accuracy "
+        f"{m['effective_accuracy']:.1%}, rejected {m['rejection_rate']:.1%}, errors {m['error_rate']:.1%}"
+    )
+    if s["p50"] is not None:
+        print(f"server latency p50/p90/p99 {s['p50']:.2f}/{s['p90']:.2f}/{s['p99']:.2f} ms", end="; ")
+    print(f"client latency p50/p90/p99 {c['p50']:.2f}/{c['p90']:.2f}/{c['p99']:.2f} ms")
+    print(f"wrote {args.out / 'records.jsonl'} and {args.out / 'summary.json'}")
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from loadtest.sweep import SweepConfig, run_sweep, save_sweep
+    from models.data import open_source
+
+    if not (args.ladder / "ladder.json").is_file():
+        raise UsageError(f"no ladder.json in {args.ladder}: build one with `anytime build --out {args.ladder}`")
+    config = SweepConfig(
+        ladder=args.ladder,
+        out=args.out,
+        deadlines_ms=args.deadlines,
+        rates=args.rates,
+        policies=tuple(p.strip() for p in args.policies.split(",")),
+        requests=args.requests,
+        duration_s=args.duration,
+        on_infeasible=args.on_infeasible,
+        timeout_s=args.timeout,
+        seed=args.seed,
+        capacity=args.capacity,
+        capacity_deadline_ms=args.capacity_deadline,
+        capacity_start=args.capacity_start,
+        progress=not args.quiet,
+    )
+    report = save_sweep(run_sweep(config, open_source(args.data).split("test")))
+    print(f"wrote {report} and its plots")
+
+
+def _positive_floats(text: str) -> tuple[float, ...]:
+    values = _float_list(text)
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _add_load_options(p: argparse.ArgumentParser, requests: int, duration: float) -> None:
+    p.add_argument("--requests", type=_positive, default=requests, help="stop after this many (default: %(default)s)")
+    p.add_argument("--duration", type=_positive_float, default=duration, help="... or after this many s of sending")
+    p.add_argument("--on-infeasible", choices=["reject", "best_effort"], default="reject")
+    p.add_argument("--timeout", type=_positive_float, default=10.0, help="client timeout per request, s")
+    p.add_argument("--seed", type=int, default=0, help="seeds arrivals, deadlines and the image order")
+    p.add_argument("--data", default="fashion-mnist", help="labelled test images: fashion-mnist[:DIR] or folder:DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anytime", description="Anytime inference: deadline-aware classification.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -172,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=_positive, default=2)
     p.add_argument("--limit", type=_positive, help="train on the first N training images only")
+    p.add_argument("--init", type=Path, help="continue from this checkpoint's weights (its command is recorded too)")
     p.add_argument("--data", default="fashion-mnist", help="fashion-mnist, fashion-mnist:DIR or folder:DIR")
     p.add_argument("--out", type=Path, required=True, help="checkpoint file to write")
     p.set_defaults(func=cmd_train)
@@ -208,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--runs", type=_positive, default=200, help="timed runs per latency profile")
     p.add_argument("--bound-pp", type=float, default=0.5, help="cascade accuracy bound vs the last exit (pp)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser(
@@ -221,6 +325,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default: 8000)")
     p.add_argument("--threads", type=_positive, help="threads per engine (default: 2)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "loadtest",
+        help="send labelled test images to a running server and measure attainment, accuracy, latency",
+        description="Open-loop Poisson load (--scenario server) or one request at a time (single-stream) "
+        "against a running server; stops after --requests or --duration. Writes records.jsonl and "
+        "summary.json to --out. Only loopback targets unless --allow-remote.",
+    )
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)")
+    p.add_argument("--allow-remote", action="store_true", help="allow a target outside loopback")
+    p.add_argument("--scenario", choices=["server", "single-stream"], default="server")
+    p.add_argument("--rate", type=_positive_float, default=100.0, help="Poisson arrivals per s (server scenario)")
+    deadline = p.add_mutually_exclusive_group()
+    deadline.add_argument("--deadline", type=_positive_float, default=10.0, help="deadline_ms of every request")
+    deadline.add_argument("--deadline-mix", help='deadline_ms:probability pairs, e.g. "3:0.3,10:0.5,50:0.2"')
+    p.add_argument("--policy", choices=["cascade", "static", "fixed"], default="cascade")
+    p.add_argument("--rung", help="the rung, with --policy fixed")
+    _add_load_options(p, requests=1000, duration=10.0)
+    p.add_argument("--out", type=Path, default=Path("reports/loadtest"), help="folder for records and summary")
+    p.set_defaults(func=cmd_loadtest)
+
+    p = sub.add_parser(
+        "sweep",
+        help="deadlines x policies x rates against a server it starts; report.md with plots",
+        description="Starts the server (and the plain baseline) on loopback, runs a short open-loop Poisson "
+        "run per cell, computes the oracle bound offline, optionally searches each policy's capacity, and "
+        "writes report.md, PNG plots, sweep.json and per-cell records to --out.",
+    )
+    p.add_argument("--ladder", type=Path, default=Path("ladders/default"), help="ladder directory")
+    p.add_argument("--deadlines", type=_positive_floats, default=(3.0, 5.0, 10.0, 20.0), help="ms, e.g. 3,5,10,20")
+    p.add_argument("--rates", type=_positive_floats, default=(50.0, 200.0), help="req/s, e.g. 50,200")
+    p.add_argument(
+        "--policies",
+        default="cascade,static,fixed-fast,fixed-best,baseline",
+        help="fixed-fast: the rung with the lowest p99 at batch 1; fixed-best: the highest val accuracy; "
+        "baseline: the plain server of loadtest/baseline.py (default: %(default)s)",
+    )
+    _add_load_options(p, requests=200, duration=5.0)
+    p.add_argument("--capacity", action="store_true", help="also search each policy's capacity (MLPerf Server)")
+    p.add_argument("--capacity-deadline", type=_positive_float, default=10.0, help="deadline of the search, ms")
+    p.add_argument("--capacity-start", type=_positive_float, default=25.0, help="first rate tried, req/s")
+    p.add_argument("--out", type=Path, default=Path("reports/sweep"), help="report folder")
+    p.set_defaults(func=cmd_sweep)
     return parser
 
 

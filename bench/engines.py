@@ -1,0 +1,75 @@
+"""Engine benchmark: per exit, latency ratios INT8/FP32, FP16/FP32 and BF16/FP32 at batch 1 and 32, and
+accuracy deltas, all measured in this one run on the built ladder.
+
+Method: each engine is loaded with the ladder's thread count, warmed up (20 runs), then timed for
+`--runs` calls on one random batch; figures are p50 wall times. The engines of one exit are measured
+in an interleaved order (round robin, several rounds) so drift of a shared, noisy machine hits all alike.
+Accuracy is top-1 on the full 10,000-image test split, recomputed here.
+
+    python -m bench.engines [--ladder ladders/default] [--runs 200] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from engines.factory import open_engine
+from engines.manifest import load_ladder
+from engines.profile import accuracy, measure_latency, predict_logits
+from models.data import FashionMNIST, PreprocessSpec
+
+VARIANTS = [("fp32", "onnxruntime"), ("int8", "onnxruntime"), ("fp16", "onnxruntime"), ("bf16", "openvino")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ladder", type=Path, default=Path("ladders/default"))
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    ladder = load_ladder(args.ladder)
+    spec = PreprocessSpec.from_dict(ladder.preprocess)
+    test = FashionMNIST().split("test")
+    exits = sorted({r.exit for r in ladder.rungs if r.kind == "exit"})
+    print(
+        f"ladder {args.ladder} ({ladder.machine['cpu']}, {ladder.threads} threads); p50 of {args.runs} runs x "
+        f"{args.rounds} interleaved rounds; test accuracy on {len(test)} images"
+    )
+    print(
+        f"{'exit':>4} {'variant':<17} {'b1 ms':>8} {'b32 ms':>8} {'b1 ratio':>9} {'b32 ratio':>10} {'test acc':>9} "
+        f"{'delta pp':>9} {'MB':>6}"
+    )
+    last_fp32: dict[int, float] = {}
+    for k in exits:
+        engines = {}
+        for precision, backend in VARIANTS:
+            rec = ladder.rung(f"exit{k}.{precision}.{backend}")
+            engines[(precision, backend)] = (
+                rec,
+                open_engine(rec.backend, args.ladder / rec.artifact.path, rec.precision, ladder.threads),
+            )
+        times: dict[tuple[str, str], dict[int, list[float]]] = {v: {1: [], 32: []} for v in engines}
+        for _ in range(args.rounds):
+            for variant, (_, engine) in engines.items():
+                for batch in (1, 32):
+                    times[variant][batch].append(measure_latency(engine, batch, args.runs).p50_ms)
+        p50 = {v: {b: float(np.median(t)) for b, t in bt.items()} for v, bt in times.items()}
+        acc = {v: accuracy(predict_logits(e, test, spec), test.labels) for v, (_, e) in engines.items()}
+        base = ("fp32", "onnxruntime")
+        last_fp32[k] = p50[base][1]
+        for variant, (rec, _) in engines.items():
+            print(
+                f"{k:>4} {variant[0] + '/' + variant[1]:<17} {p50[variant][1]:>8.3f} {p50[variant][32]:>8.3f} "
+                f"{p50[variant][1] / p50[base][1]:>9.2f} {p50[variant][32] / p50[base][32]:>10.2f} "
+                f"{acc[variant]:>9.2%} {100 * (acc[variant] - acc[base]):>+9.2f} {rec.artifact.bytes / 1e6:>6.2f}"
+            )
+    last = exits[-1]
+    for k in exits[:-1]:
+        print(f"exit {k} / exit {last} FP32 latency at batch 1: {last_fp32[k] / last_fp32[last]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Prometheus metrics, in a registry of the app's own (so tests can build many apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_MS_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 200, 500, 1000, 5000)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "anytime_requests_total",
+            "Requests by policy, answering rung and outcome",
+            ["policy", "rung", "outcome"],
+            registry=r,
+        )
+        self.deadline_misses = Counter(
+            "anytime_deadline_misses_total", "Answers given after their deadline", registry=r
+        )
+        self.latency = Histogram(
+            "anytime_latency_ms", "Arrival to answer, measured in the server (ms)", buckets=_MS_BUCKETS, registry=r
+        )
+        self.queue = Histogram(
+            "anytime_queue_ms", "Arrival to first engine start (ms)", buckets=_MS_BUCKETS, registry=r
+        )
+        self.exits = Counter("anytime_exit_total", "Answers by the exit that gave them", ["exit"], registry=r)
+        self.batch = Histogram(
+            "anytime_batch_size", "Items per engine run", ["engine"], buckets=(1, 2, 4, 8, 16, 32, 64), registry=r
+        )
+        self.depth = Gauge("anytime_queue_depth", "Accepted requests not yet answered", registry=r)
+        self.prediction_error = Histogram(
+            "anytime_prediction_error_ms",
+            "Observed minus predicted service time",
+            ["engine"],
+            buckets=(-5, -2, -1, -0.5, -0.2, 0, 0.2, 0.5, 1, 2, 5, 20),
+            registry=r,
+        )
+
+    def observe_batch(self, engine: str, size: int, error_ms: float) -> None:
+        self.batch.labels(engine).observe(size)
+        self.prediction_error.labels(engine).observe(error_ms)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

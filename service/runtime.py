@@ -1,0 +1,68 @@
+"""Everything a running service holds: the ladder, its engines (loaded and warmed), planner and scheduler."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from engines.base import Engine
+from engines.factory import open_engine
+from engines.manifest import EngineRecord, Ladder, load_ladder
+from models.data import PreprocessSpec
+from service.config import Settings
+from service.metrics import Metrics
+from service.planner import Planner
+from service.predictor import LatencyPredictor
+from service.scheduler import Scheduler
+
+log = logging.getLogger("anytime.runtime")
+
+
+class Runtime:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings, self.metrics = settings, metrics
+        self.ladder: Ladder = load_ladder(settings.ladder)  # checks every artefact's sha256
+        self.spec = PreprocessSpec.from_dict(self.ladder.preprocess)
+        self.records: dict[str, EngineRecord] = {r.name: r for r in [*self.ladder.stages, *self.ladder.rungs]}
+        self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
+        self.planner = Planner(self.ladder, self.predictor, settings.safety_margin_ms, settings.include_dominated)
+        self.engines: dict[str, Engine] = {}
+        self.scheduler = Scheduler(
+            self.engines,
+            self.planner,
+            self.predictor,
+            settings.max_queue,
+            settings.max_batch,
+            settings.batch_window_ms,
+            settings.safety_margin_ms,
+            metrics,
+        )
+        self.ready = threading.Event()
+        self.failed: str | None = None
+
+    def load(self) -> None:
+        """Open and warm every engine, then start the worker; /readyz turns 200 only after this."""
+        try:
+            for name, record in self.records.items():
+                engine = open_engine(
+                    record.backend,
+                    Path(self.settings.ladder) / record.artifact.path,
+                    record.precision,
+                    self.settings.threads,
+                    record.artifact.sha256,
+                )
+                engine.warmup((1, 8), runs=self.settings.warmup_runs)
+                self.engines[name] = engine
+            self.scheduler.start()
+            self.ready.set()
+            log.info("ladder %s ready: %d engines", self.settings.ladder, len(self.engines))
+        except Exception as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            log.exception("loading the ladder failed")
+
+    def close(self) -> None:
+        if self.ready.is_set():
+            self.scheduler.stop()
+        for engine in self.engines.values():
+            engine.close()

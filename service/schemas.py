@@ -1,0 +1,63 @@
+"""Request and response bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.planner import OnInfeasible, Policy
+
+
+class ClassifyOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    deadline_ms: float = Field(..., ge=1, le=60000, description="answer within this many ms of arrival")
+    policy: Policy = Policy.CASCADE
+    rung: str | None = Field(None, description="the rung to run, with policy=fixed")
+    on_infeasible: OnInfeasible = OnInfeasible.REJECT
+    top_k: int = Field(1, ge=1, le=100)
+
+
+class ClassifyRequest(ClassifyOptions):
+    image: str | list[Any] = Field(..., description="base64 PNG/JPEG, or a nested array of grey values 0..255")
+
+
+class BatchRequest(ClassifyOptions):
+    images: list[str | list[Any]] = Field(..., min_length=1, max_length=256)
+
+
+class TopK(BaseModel):
+    label: int
+    class_name: str
+    probability: float
+
+
+class ClassifyResponse(BaseModel):
+    request_id: str
+    label: int
+    class_name: str
+    top_k: list[TopK]
+    rung: str
+    policy: Policy
+    exit: int
+    precision: str
+    backend: str
+    members: list[str] = Field(default_factory=list)
+    entropy: float
+    stages_run: int
+    batch_sizes: list[int]
+    latency_ms: float
+    queue_ms: float
+    deadline_ms: float
+    deadline_met: bool
+    resized: bool
+
+
+class BatchResponse(BaseModel):
+    results: list[ClassifyResponse]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str

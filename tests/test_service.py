@@ -1,0 +1,239 @@
+"""The service on the real default ladder: planning, cascade behaviour, load, bad input, health, metrics."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import io
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+
+from engines.factory import open_engine
+from engines.manifest import Ladder
+from engines.thresholds import entropy
+from loadtest.harness import png_base64, running_server
+from models.data import FashionMNIST
+from service.app import create_app
+from service.config import Settings
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(default_ladder_dir: Path) -> Iterator[str]:
+    with running_server(default_ladder_dir) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def test_images(fmnist: FashionMNIST) -> tuple[np.ndarray, np.ndarray]:
+    split = fmnist.split("test").head(400)
+    return split.images, split.labels
+
+
+def _classify(client: httpx.Client, image: np.ndarray, deadline_ms: float, **options: object) -> httpx.Response:
+    return client.post("/v1/classify", json={"image": png_base64(image), "deadline_ms": deadline_ms, **options})
+
+
+def test_loose_deadline_gets_the_most_accurate_answer(
+    client: httpx.Client, default_ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
+) -> None:
+    body = _classify(client, test_images[0][0], 5000, policy="static").json()
+    best = max((r for r in default_ladder.rungs if not r.dominated), key=lambda r: r.val_accuracy)
+    assert body["rung"] == best.name and body["deadline_met"]
+    body = _classify(client, test_images[0][0], 5000, policy="fixed", rung="exit3.fp32.onnxruntime").json()
+    assert body["exit"] == 3 and body["precision"] == "fp32" and body["deadline_met"]
+
+
+def test_tight_deadline_gets_a_fast_rung_on_time(
+    client: httpx.Client, default_ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
+) -> None:
+    cheapest = min((r for r in default_ladder.rungs if not r.dominated), key=lambda r: r.profile(1).p99_ms)
+    deadline = cheapest.profile(1).p99_ms + 3.0
+    answered = [_classify(client, test_images[0][i], deadline, policy="static") for i in range(20)]
+    ok = [r.json() for r in answered if r.status_code == 200]
+    assert len(ok) >= 15, [r.json() for r in answered if r.status_code != 200][:3]
+    assert all(b["deadline_met"] for b in ok)
+    assert all(b["exit"] < 3 or b["precision"] == "int8" or b["rung"].startswith("cut") for b in ok)
+
+
+def test_impossible_deadline_is_refused_at_once(
+    client: httpx.Client, test_images: tuple[np.ndarray, np.ndarray]
+) -> None:
+    start = time.perf_counter()
+    response = _classify(client, test_images[0][0], 1, policy="fixed", rung="exit3.fp32.onnxruntime")
+    elapsed_ms = (time.perf_counter() - start) * 1e3
+    assert response.status_code == 503 and response.json()["code"] == "deadline_infeasible"
+    assert response.json()["fastest_ms"] > 1 and elapsed_ms < 50
+
+
+def test_best_effort_answers_late_and_says_so(client: httpx.Client, test_images: tuple[np.ndarray, np.ndarray]) -> None:
+    body = _classify(
+        client, test_images[0][0], 1, policy="fixed", rung="exit3.fp32.onnxruntime", on_infeasible="best_effort"
+    ).json()
+    assert body["exit"] == 3 and body["deadline_met"] is False
+
+
+def test_cascade_stops_on_confident_exits(
+    client: httpx.Client, default_ladder: Ladder, default_ladder_dir: Path, test_images: tuple[np.ndarray, np.ndarray]
+) -> None:
+    images = test_images[0][:60]
+    bodies = [_classify(client, img, 5000).json() for img in images]
+    cascade = next(c for c in default_ladder.cascades if c.name == bodies[0]["rung"])
+    stage1 = default_ladder.stage(cascade.stages[0])
+    engine = open_engine(stage1.backend, default_ladder_dir / stage1.artifact.path, stage1.precision)
+    from models.data import PreprocessSpec
+
+    spec = PreprocessSpec.from_dict(default_ladder.preprocess)
+    ent1 = entropy(engine.run(spec.normalize(images))[1])
+    stages = np.array([b["stages_run"] for b in bodies])
+    assert (stages == 1).any() and (stages > 1).any()  # easy ones stop, hard ones go deeper
+    assert np.all(ent1[stages == 1] <= cascade.thresholds[0] + 1e-3)
+    assert np.all(ent1[stages > 1] > cascade.thresholds[0] - 1e-3)
+    assert np.mean(ent1[stages == 1]) < np.mean(ent1[stages > 1])
+
+
+def test_concurrent_mixed_deadlines_all_answered(server: str, test_images: tuple[np.ndarray, np.ndarray]) -> None:
+    rng = np.random.default_rng(0)
+    deadlines = rng.choice([1, 2, 5, 10, 50], size=400)
+    policies = rng.choice(["cascade", "static"], size=400)
+    payloads = [
+        {"image": png_base64(test_images[0][i]), "deadline_ms": float(deadlines[i]), "policy": policies[i]}
+        for i in range(400)
+    ]
+
+    def client_loop(shard: list[dict[str, object]]) -> list[httpx.Response]:
+        with httpx.Client(base_url=server, timeout=30) as c:  # one connection per client, reused
+            return [c.post("/v1/classify", json=p) for p in shard]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = [r for rs in pool.map(client_loop, [payloads[i::8] for i in range(8)]) for r in rs]
+    assert len(results) == 400
+    statuses = {r.status_code for r in results}
+    assert statuses <= {200, 429, 503, 504}, statuses
+    for r in results:
+        body = r.json()
+        if r.status_code == 200:
+            assert body["deadline_met"] is True, body
+        else:
+            assert body["code"] in {"queue_full", "deadline_infeasible", "deadline_expired"}
+    assert sum(r.status_code == 200 for r in results) >= 200
+
+
+def _png_bytes() -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "status", "code"),
+    [
+        ({"json": {"image": "not base64!", "deadline_ms": 50}}, 400, "bad_image"),
+        ({"json": {"image": base64.b64encode(b"GIF89a....").decode(), "deadline_ms": 50}}, 400, "bad_image"),
+        ({"json": {"image": [[1, 2], [3]], "deadline_ms": 50}}, 400, "bad_image"),
+        ({"json": {"image": [[1000]], "deadline_ms": 50}}, 400, "bad_image"),
+        ({"content": b"hello", "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type"),
+        (
+            {"content": b"x" * (5 * 1024 * 1024), "headers": {"content-type": "application/json"}},
+            413,
+            "payload_too_large",
+        ),
+        ({"json": {"image": "AAAA"}}, 422, "invalid_request"),
+        ({"json": {"image": "AAAA", "deadline_ms": 0}}, 422, "invalid_request"),
+        ({"json": {"image": "AAAA", "deadline_ms": 70000}}, 422, "invalid_request"),
+        ({"json": {"image": "AAAA", "deadline_ms": 5, "policy": "fastest"}}, 422, "invalid_request"),
+        ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 422, "invalid_request"),
+        ({"files": {"nofile": ("a.png", b"x")}, "data": {"deadline_ms": "5"}}, 422, "invalid_request"),
+        ({"files": {"file": ("a.png", b"not an image")}, "data": {"deadline_ms": "5"}}, 400, "bad_image"),
+    ],
+)
+def test_bad_input_gets_its_status_and_code(client: httpx.Client, request_kwargs: dict, status: int, code: str) -> None:
+    response = client.post("/v1/classify", **request_kwargs)
+    assert response.status_code == status, response.text
+    assert response.json()["code"] == code and response.json()["message"]
+
+
+def test_unknown_rung_is_404(client: httpx.Client) -> None:
+    r = client.post(
+        "/v1/classify",
+        json={
+            "image": base64.b64encode(_png_bytes()).decode(),
+            "deadline_ms": 50,
+            "policy": "fixed",
+            "rung": "exit9.int4.magic",
+        },
+    )
+    assert r.status_code == 404 and r.json()["code"] == "unknown_rung"
+    assert client.get("/v1/nothing").json()["code"] == "not_found"
+
+
+def test_multipart_upload_and_resize(client: httpx.Client) -> None:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((56, 40, 3), 200, np.uint8)).save(buf, "JPEG")
+    r = client.post(
+        "/v1/classify",
+        files={"file": ("x.jpg", buf.getvalue(), "image/jpeg")},
+        data={"deadline_ms": "100", "top_k": "3"},
+    )
+    assert r.status_code == 200 and r.json()["resized"] is True and len(r.json()["top_k"]) == 3
+
+
+def test_batch_form(client: httpx.Client, test_images: tuple[np.ndarray, np.ndarray]) -> None:
+    images, labels = test_images
+    r = client.post("/v1/classify/batch", json={"images": [png_base64(im) for im in images[:16]], "deadline_ms": 200})
+    results = r.json()["results"]
+    assert r.status_code == 200 and len(results) == 16
+    assert sum(res["label"] == int(y) for res, y in zip(results, labels[:16], strict=True)) >= 13
+
+
+def test_ladder_endpoint_and_docs(client: httpx.Client, default_ladder: Ladder) -> None:
+    body = client.get("/v1/ladder").json()
+    assert [r["name"] for r in body["rungs"]] == [r.name for r in default_ladder.rungs]
+    assert body["cascades"][0]["thresholds"]
+    assert client.get("/docs").status_code == 200
+    assert "/v1/classify" in client.get("/openapi.json").json()["paths"]
+
+
+def test_metrics_parse_as_prometheus(client: httpx.Client) -> None:
+    text = client.get("/metrics").text
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert {
+        "anytime_requests",
+        "anytime_latency_ms",
+        "anytime_queue_depth",
+        "anytime_prediction_error_ms",
+        "anytime_batch_size",
+        "anytime_exit",
+        "anytime_deadline_misses",
+    } <= names
+
+
+def test_readyz_is_503_until_warm(default_ladder_dir: Path) -> None:
+    app = create_app(Settings(ladder=default_ladder_dir))
+    with TestClient(app) as c:
+        first = c.get("/readyz")
+        assert c.get("/healthz").status_code == 200
+        deadline = time.monotonic() + 120
+        while c.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.get("/readyz").status_code == 200
+    assert first.status_code == 503 and first.json()["code"] == "not_ready"
+    early = create_app(Settings(ladder=default_ladder_dir))
+    with TestClient(early) as c:
+        r = c.post("/v1/classify", json={"image": "AAAA", "deadline_ms": 50})
+        assert r.status_code in (503, 400)  # not_ready while loading; bad_image once ready
