@@ -1,0 +1,77 @@
+"""Run a real `anytime serve` (or any HTTP server) subprocess on a free loopback port (tests, benchmarks, baselines)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+from PIL import Image
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def png_base64(image: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@contextmanager
+def running_server(ladder: Path, timeout_s: float = 120, **env: str) -> Iterator[str]:
+    """Start the server, wait for /readyz 200, yield its base URL; always stops it."""
+    port = free_port()
+    exe = Path(sys.executable).parent / "anytime"
+    with running_process(
+        [str(exe), "serve", "--ladder", str(ladder), "--port", str(port)], port, timeout_s, env
+    ) as url:
+        yield url
+
+
+@contextmanager
+def running_process(
+    argv: list[str], port: int, timeout_s: float = 120, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Start an HTTP server process that listens on loopback `port`, wait for /readyz 200, yield its base URL."""
+    url = f"http://127.0.0.1:{port}"
+    # stderr goes to a file, not a pipe: a pipe nobody reads fills up under load and blocks the server.
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(base_url=url, timeout=2) as client:
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"server exited: {log.read().decode(errors='replace')[-2000:]}")
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError("server not ready in time")
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

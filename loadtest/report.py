@@ -1,0 +1,313 @@
+"""The sweep's report: report.md (tables, method, machine) and PNG plots drawn with matplotlib's Agg backend."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from loadtest.summary import METHOD, Record
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from loadtest.sweep import Cell, SweepResult
+
+NO_ANSWER = "no answer"
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1%}"
+
+
+def _ms(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def _cell(result: SweepResult, label: str, rate: float, deadline: float) -> Cell:
+    for c in result.cells:
+        if c.spec.label == label and c.rate == rate and c.deadline_ms == deadline:
+            return c
+    raise KeyError((label, rate, deadline))
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def _grid(result: SweepResult, key: str, with_oracle: bool) -> list[str]:
+    """One row per (rate, deadline), one column per policy: the metric `key`."""
+    labels = [s.label for s in result.specs]
+    oracle = {o.deadline_ms: o.oracle for o in result.oracle}
+    rows = []
+    for rate in result.config.rates:
+        for d in result.config.deadlines_ms:
+            row = [f"{rate:g}", f"{d:g}"] + [_pct(_cell(result, lab, rate, d).metrics[key]) for lab in labels]
+            rows.append(row + ([_pct(oracle[d])] if with_oracle else []))
+    return _table(["rate (req/s)", "deadline (ms)", *labels] + (["oracle bound"] if with_oracle else []), rows)
+
+
+def _details(result: SweepResult) -> list[str]:
+    header = [
+        "rate",
+        "deadline",
+        "policy",
+        "sent",
+        "attain.",
+        "eff. acc.",
+        "acc. answered",
+        "late",
+        "rejected",
+        "errors",
+        "server p50 / p99 ms",
+        "client p50 / p99 ms",
+        "answers/s",
+        "send lag p99 ms",
+    ]
+    rows = []
+    for c in result.cells:
+        m = c.metrics
+        s, cl = m["server_latency_ms"], m["client_latency_ms"]
+        rows.append(
+            [
+                f"{c.rate:g}",
+                f"{c.deadline_ms:g}",
+                c.spec.label,
+                str(m["sent"]),
+                _pct(m["attainment"]),
+                _pct(m["effective_accuracy"]),
+                _pct(m["answered_accuracy"]),
+                _pct(m["late_rate"]),
+                _pct(m["rejection_rate"]),
+                _pct(m["error_rate"]) + (f" ({', '.join(_codes(m))})" if _codes(m) else ""),
+                f"{_ms(s['p50'])} / {_ms(s['p99'])}",
+                f"{_ms(cl['p50'])} / {_ms(cl['p99'])}",
+                "–" if m["throughput"] is None else f"{m['throughput']:.1f}",
+                _ms(m["send_lag_ms"]["p99"]),
+            ]
+        )
+    return _table(header, rows)
+
+
+def _codes(metrics: dict[str, Any]) -> list[str]:
+    return [f"{code} {share:.1%}" for code, share in metrics["rates_by_code"].items()]
+
+
+def _oracle(result: SweepResult) -> list[str]:
+    rows = [
+        [
+            f"{o.deadline_ms:g}",
+            str(len(o.fitting)),
+            _pct(o.oracle),
+            f"{o.best_rung} ({o.best_rung_accuracy:.1%})" if o.best_rung else "none fits",
+        ]
+        for o in result.oracle
+    ]
+    return _table(
+        ["deadline (ms)", "rungs that fit", "oracle bound", "most accurate fitting rung (its accuracy)"], rows
+    )
+
+
+def _capacity(result: SweepResult) -> list[str]:
+    rows = []
+    for c in result.capacity:
+        trials = "; ".join(
+            f"{t['rate']:.3g}: {'pass' if t['passed'] else 'fail'} ({t['sent']} sent, p99 "
+            f"{_ms(t['server_p99_ms'])} ms, {_pct(t['attainment'])} on time)"
+            for t in c.trials
+        )
+        found = "none passed" if c.rate is None else f"{c.rate:.3g}"
+        above = "none failed" if c.fails_at is None else f"{c.fails_at:.3g}"
+        rows.append([c.label, f"{c.deadline_ms:g}", found, above, trials])
+    return _table(["policy", "deadline (ms)", "capacity (req/s)", "first failing rate", "trials"], rows)
+
+
+def _method(result: SweepResult) -> list[str]:
+    c, m, ladder = result.config, result.machine, result.ladder
+    policies = "; ".join(str(s) for s in result.specs)
+    return [
+        f"Run {result.started}, {result.wall_s:.0f} s in all. Machine: {m['cpu']}, {m['cpus']} CPUs, {m['platform']}. "
+        "The load generator, the Anytime server and the baseline share this machine's cores.",
+        "",
+        f"Ladder `{c.ladder}` (model {ladder.model}, {len(ladder.rungs)} rungs, {len(ladder.cascades)} cascades, "
+        f"profiles measured with {ladder.threads} threads on {ladder.machine.get('cpu', 'its build machine')}). "
+        f"Policies: {policies}. The Anytime server runs with its default settings; the baseline is "
+        "`loadtest/baseline.py` (no planner, no queue, every request run in FastAPI's thread pool).",
+        "",
+        f"Each cell: open-loop Poisson arrivals at the stated rate (exponential gaps, seed {c.seed}), at most "
+        f"{c.requests} requests or {c.duration_s:g} s of sending, whichever comes first; one deadline per cell; "
+        f"on_infeasible={c.on_infeasible}; client timeout {c.timeout_s:g} s. Requests are Fashion-MNIST test "
+        "images in a seeded order (every cell sends the same images), PNG-encoded before the run, sent by one "
+        "asyncio client over a pre-warmed pool of keep-alive connections (`loadtest/http.py`); every answer is "
+        "scored against its label. One server process serves all cells in turn, so its online latency estimates "
+        "carry over between cells.",
+        "",
+        f"Figures: {METHOD}",
+    ]
+
+
+def write_report(result: SweepResult) -> Path:
+    from loadtest.sweep import BISECTIONS, EXPAND_STEPS
+
+    out = result.config.out
+    out.mkdir(parents=True, exist_ok=True)
+    plots = _plots(result, out)
+    lines = ["# Anytime load sweep", "", "## Method", "", *_method(result), ""]
+    lines += ["## Effective accuracy (correct and on time / sent)", "", *_grid(result, "effective_accuracy", True), ""]
+    lines += [
+        "The oracle bound: for each image sent, whether any non-dominated rung whose measured p99 at batch 1 fits "
+        f"the deadline classifies it correctly, from offline predictions on the {result.oracle[0].images} test "
+        "images every cell draws from (a cell stopped by its duration sends a prefix of them). It ignores HTTP, "
+        "decoding and queueing: it is what picking the right non-dominated rung for every image would reach with "
+        "no load (a cascade runs stages, not rungs, so it is not bound by it exactly).",
+        "",
+        *_oracle(result),
+        "",
+        "## Deadline attainment (200 and deadline_met / sent)",
+        "",
+        *_grid(result, "attainment", False),
+        "",
+        "## Every cell",
+        "",
+        *_details(result),
+        "",
+    ]
+    if result.capacity:
+        lines += [
+            "## Capacity (MLPerf Server style)",
+            "",
+            f"Per policy, the highest Poisson rate at which the p99 server latency stays within the deadline and "
+            f"at least 99 % of requests are answered on time: doubling (or halving) from "
+            f"{result.config.capacity_start:g} req/s until a pass and a fail are bracketed (at most {EXPAND_STEPS} "
+            f"runs), then {BISECTIONS} bisection steps; each trial sends {result.config.requests} requests, so its "
+            "p99 rests on that many, and the search assumes passing is monotone in the rate, which short runs on a "
+            "shared machine only roughly are.",
+            "",
+            *_capacity(result),
+            "",
+        ]
+    lines += ["## Plots", ""] + [f"![{title}]({name})" for name, title in plots] + [""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _plots(result: SweepResult, out: Path) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    for name, title, draw in (
+        ("effective_accuracy.png", "effective accuracy vs deadline", _plot_accuracy),
+        ("attainment_vs_rate.png", "attainment vs rate", _plot_attainment),
+        ("latency_cdf.png", "server latency CDF", _plot_cdf),
+        ("rung_exit_mix.png", "rung and exit mix per deadline", _plot_mix),
+    ):
+        fig = draw(result, plt)
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        drawn.append((name, title))
+    return drawn
+
+
+def _axes_row(plt: Any, n: int, width: float = 4.5, height: float = 3.5) -> tuple[Any, list[Axes]]:
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _plot_accuracy(result: SweepResult, plt: Any) -> Any:
+    fig, axes = _axes_row(plt, len(result.config.rates))
+    deadlines = list(result.config.deadlines_ms)
+    for ax, rate in zip(axes, result.config.rates, strict=True):
+        for spec in result.specs:
+            ys = [_cell(result, spec.label, rate, d).metrics["effective_accuracy"] for d in deadlines]
+            ax.plot(deadlines, ys, marker="o", label=spec.label)
+        ax.plot(deadlines, [o.oracle for o in result.oracle], "k--x", label="oracle bound")
+        ax.set(title=f"{rate:g} req/s", xlabel="deadline (ms)", ylabel="effective accuracy", ylim=(0, 1))
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(deadlines, [f"{d:g}" for d in deadlines])
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=8)
+    fig.suptitle("Correct and on time / sent (Poisson open loop)", y=1.02)
+    return fig
+
+
+def _plot_attainment(result: SweepResult, plt: Any) -> Any:
+    fig, axes = _axes_row(plt, len(result.config.deadlines_ms))
+    rates = list(result.config.rates)
+    for ax, d in zip(axes, result.config.deadlines_ms, strict=True):
+        for spec in result.specs:
+            ax.plot(
+                rates,
+                [_cell(result, spec.label, r, d).metrics["attainment"] for r in rates],
+                marker="o",
+                label=spec.label,
+            )
+        ax.set(title=f"deadline {d:g} ms", xlabel="offered rate (req/s)", ylabel="attainment", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=8)
+    fig.suptitle("200 with deadline_met / sent", y=1.02)
+    return fig
+
+
+def _plot_cdf(result: SweepResult, plt: Any) -> Any:
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    rate = max(result.config.rates)
+    fig, axes = _axes_row(plt, len(result.config.deadlines_ms))
+    for ax, d in zip(axes, result.config.deadlines_ms, strict=True):
+        for spec in result.specs:
+            ms = np.sort([r.server_ms for r in _cell(result, spec.label, rate, d).records if r.server_ms is not None])
+            if len(ms):
+                ax.step(ms, np.arange(1, len(ms) + 1) / len(ms), where="post", label=spec.label)
+        ax.axvline(d, color="k", linestyle=":", label="deadline")
+        ax.set(title=f"deadline {d:g} ms, {rate:g} req/s", xlabel="server latency (ms)", ylabel="share of answers")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=8)
+    fig.suptitle("Server-measured latency of the 200 answers", y=1.02)
+    return fig
+
+
+def _mix(records: list[Record], key: str) -> Counter[str]:
+    return Counter(str(getattr(r, key)) if r.answered else NO_ANSWER for r in records)
+
+
+def _plot_mix(result: SweepResult, plt: Any) -> Any:
+    """Stacked shares of sent requests per deadline at the lowest rate: exits (top row), rungs (bottom row)."""
+    rate = min(result.config.rates)
+    specs = result.specs
+    fig, axes = plt.subplots(2, len(specs), figsize=(4 * len(specs), 7), squeeze=False)
+    deadlines = list(result.config.deadlines_ms)
+    xs = np.arange(len(deadlines))
+    for row, key in enumerate(("exit", "rung")):
+        mixes = {(s.label, d): _mix(_cell(result, s.label, rate, d).records, key) for s in specs for d in deadlines}
+        names = [*sorted({k for m in mixes.values() for k in m if k != NO_ANSWER}), NO_ANSWER]
+        colors = dict(zip(names, plt.get_cmap("tab20").colors, strict=False))
+        colors[NO_ANSWER] = "lightgrey"
+        for col, spec in enumerate(specs):
+            ax = axes[row][col]
+            bottom = np.zeros(len(deadlines))
+            for name in names:
+                share = np.array([mixes[spec.label, d][name] / max(1, mixes[spec.label, d].total()) for d in deadlines])
+                if share.any():
+                    ax.bar(xs, share, bottom=bottom, color=colors.get(name), label=name)
+                    bottom += share
+            ax.set_xticks(xs, [f"{d:g}" for d in deadlines])
+            ax.set(title=f"{spec.label}: {key}", xlabel="deadline (ms)", ylabel="share of sent", ylim=(0, 1))
+            ax.legend(fontsize=6)
+    fig.suptitle(f"Which exit and rung answered, at {rate:g} req/s (grey: no 200 answer)", y=1.02)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,329 @@
+"""The sweep: deadlines x policies x Poisson rates against a server it starts itself, the oracle bound, and
+an MLPerf-Server-style capacity search; writes a report folder (report.md, PNG plots, JSON, records).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from engines import profile
+from engines.factory import open_engine
+from engines.manifest import Ladder, Rung, load_ladder
+from loadtest.baseline import baseline_rung, running_baseline
+from loadtest.client import LoadConfig, run_load
+from loadtest.harness import running_server
+from loadtest.schedule import DeadlineMix, image_order
+from loadtest.summary import METHOD, Record, summarize, write_records
+from models.data import PreprocessSpec, Split
+
+POLICY_NAMES = ("cascade", "static", "fixed-fast", "fixed-best", "baseline")
+CAPACITY_ATTAINMENT = 0.99
+EXPAND_STEPS, BISECTIONS = 6, 3  # the capacity search's bound: at most 9 short runs per policy
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One column of the sweep: what the load generator sends, and to which server."""
+
+    label: str  # cascade, static, fixed-fast, fixed-best, baseline
+    policy: str  # the request's `policy` field (the baseline ignores it)
+    rung: str | None = None
+    baseline: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.label} ({self.rung})" if self.rung else self.label
+
+
+def _candidates(ladder: Ladder) -> list[Rung]:
+    return [r for r in ladder.rungs if not r.dominated]
+
+
+def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
+    """fixed-fast: the non-dominated rung with the lowest p99 at batch 1; fixed-best: the highest val accuracy."""
+    specs = []
+    for name in names:
+        if name in ("cascade", "static"):
+            specs.append(PolicySpec(name, name))
+        elif name == "fixed-fast":
+            rung = min(_candidates(ladder), key=lambda r: r.profile(1).p99_ms)
+            specs.append(PolicySpec(name, "fixed", rung.name))
+        elif name == "fixed-best":
+            rung = max(_candidates(ladder), key=lambda r: (r.val_accuracy, -r.profile(1).p99_ms))
+            specs.append(PolicySpec(name, "fixed", rung.name))
+        elif name == "baseline":
+            specs.append(PolicySpec(name, "baseline", baseline_rung(ladder).name, baseline=True))
+        else:
+            raise ValueError(f"unknown sweep policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+    return specs
+
+
+@dataclass
+class SweepConfig:
+    ladder: Path
+    out: Path
+    deadlines_ms: tuple[float, ...] = (3.0, 5.0, 10.0, 20.0)
+    rates: tuple[float, ...] = (50.0, 200.0)
+    policies: tuple[str, ...] = POLICY_NAMES
+    requests: int = 200  # per cell (and per capacity trial) ...
+    duration_s: float = 5.0  # ... or this long, whichever comes first
+    on_infeasible: str = "reject"
+    timeout_s: float = 10.0
+    seed: int = 0
+    capacity: bool = False
+    capacity_deadline_ms: float = 10.0
+    capacity_start: float = 25.0
+    progress: bool = True
+
+
+@dataclass
+class Cell:
+    spec: PolicySpec
+    rate: float
+    deadline_ms: float
+    records: list[Record]
+    metrics: dict[str, Any]
+
+
+@dataclass
+class OracleRow:
+    deadline_ms: float
+    images: int
+    fitting: list[str]  # non-dominated rungs whose measured p99 at batch 1 fits the deadline
+    oracle: float  # share of images that at least one fitting rung classifies correctly
+    best_rung: str | None  # the most accurate fitting rung by val accuracy ...
+    best_rung_accuracy: float  # ... and its accuracy on the same images
+
+
+@dataclass
+class Capacity:
+    label: str
+    deadline_ms: float
+    rate: float | None  # highest rate that passed
+    fails_at: float | None  # lowest rate that failed above it
+    trials: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class SweepResult:
+    config: SweepConfig
+    ladder: Ladder
+    specs: list[PolicySpec]
+    machine: dict[str, Any]
+    started: str
+    wall_s: float
+    cells: list[Cell]
+    oracle: list[OracleRow]
+    capacity: list[Capacity]
+
+
+def machine_info(ladder: Ladder) -> dict[str, Any]:
+    return {**profile.machine_info(), "ladder_built_on": ladder.machine}
+
+
+def rung_correct(ladder_dir: Path, ladder: Ladder, split: Split, images: np.ndarray) -> dict[str, np.ndarray]:
+    """Offline: whether each non-dominated rung classifies each of `images` correctly (one engine load each)."""
+    spec = PreprocessSpec.from_dict(ladder.preprocess)
+    x, y = spec.normalize(split.images[images]), split.labels[images]
+    out = {}
+    for rung in _candidates(ladder):
+        engine = open_engine(
+            rung.backend, ladder_dir / rung.artifact.path, rung.precision, ladder.threads, rung.artifact.sha256
+        )
+        try:
+            logits = np.concatenate([engine.infer(x[i : i + 250]) for i in range(0, len(x), 250)])
+        finally:
+            engine.close()
+        out[rung.name] = logits.argmax(1) == y
+    return out
+
+
+def oracle_bound(ladder: Ladder, correct: dict[str, np.ndarray], deadlines_ms: tuple[float, ...]) -> list[OracleRow]:
+    """Per deadline: the share of images some rung fitting it (measured p99 at batch 1 <= deadline) gets right."""
+    rows = []
+    n = len(next(iter(correct.values())))
+    for d in deadlines_ms:
+        fitting = [r for r in _candidates(ladder) if r.profile(1).p99_ms <= d]
+        hits = np.zeros(n, bool)
+        for r in fitting:
+            hits |= correct[r.name]
+        best = max(fitting, key=lambda r: r.val_accuracy, default=None)
+        rows.append(
+            OracleRow(
+                d,
+                n,
+                [r.name for r in fitting],
+                float(hits.mean()),
+                best.name if best else None,
+                float(correct[best.name].mean()) if best else 0.0,
+            )
+        )
+    return rows
+
+
+def find_capacity(
+    passes: Callable[[float], bool], start: float, expand_steps: int = EXPAND_STEPS, bisections: int = BISECTIONS
+) -> tuple[float | None, float | None]:
+    """Highest passing rate by doubling (or halving) from `start` until pass/fail are bracketed, then bisection.
+
+    Returns (highest rate that passed, lowest rate above it that failed); either is None when the bounded
+    search did not find one. Assumes passing is monotone in the rate, which short noisy runs only roughly are.
+    """
+    passed: float | None = None
+    failed: float | None = None
+    rate = start
+    for _ in range(expand_steps):
+        if passes(rate):
+            passed = rate
+            if failed is not None:
+                break
+            rate *= 2
+        else:
+            failed = rate
+            if passed is not None:
+                break
+            rate /= 2
+    if passed is None or failed is None:
+        return passed, failed
+    for _ in range(bisections):
+        mid = (passed + failed) / 2
+        if passes(mid):
+            passed = mid
+        else:
+            failed = mid
+    return passed, failed
+
+
+def capacity_passes(metrics: dict[str, Any], deadline_ms: float) -> bool:
+    """MLPerf Server style: p99 server latency within the deadline and at least 99 % of requests on time."""
+    p99 = metrics["server_latency_ms"]["p99"]
+    return p99 is not None and p99 <= deadline_ms and (metrics["attainment"] or 0.0) >= CAPACITY_ATTAINMENT
+
+
+class _Runner:
+    """Runs one cell's load against the right server and keeps its records."""
+
+    def __init__(self, config: SweepConfig, split: Split, urls: dict[bool, str]) -> None:
+        self.config, self.split, self.urls = config, split, urls
+
+    def run(
+        self, spec: PolicySpec, rate: float, deadline_ms: float, duration_s: float | None = None
+    ) -> tuple[list[Record], dict[str, Any]]:
+        c = self.config
+        load = LoadConfig(
+            url=self.urls[spec.baseline],
+            rate=rate,
+            requests=c.requests,
+            duration_s=duration_s or c.duration_s,
+            deadlines=DeadlineMix.single(deadline_ms),
+            policy=spec.policy,
+            rung=spec.rung if spec.policy == "fixed" else None,
+            on_infeasible=c.on_infeasible,
+            timeout_s=c.timeout_s,
+            seed=c.seed,
+        )
+        records = run_load(load, self.split, progress=False)
+        return records, summarize(records)
+
+
+@contextmanager
+def _servers(ladder_dir: Path, baseline: bool) -> Iterator[dict[bool, str]]:
+    with ExitStack() as stack:
+        urls = {False: stack.enter_context(running_server(ladder_dir))}
+        if baseline:
+            urls[True] = stack.enter_context(running_baseline(ladder_dir))
+        yield urls
+
+
+def _cell_name(cell: Cell) -> str:
+    return f"rate{cell.rate:g}_d{cell.deadline_ms:g}_{cell.spec.label}"
+
+
+def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
+    """Oracle first (offline, before any server runs), then every cell, then the capacity search."""
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    ladder = load_ladder(config.ladder)
+    specs = policy_specs(ladder, config.policies)
+    images = image_order(len(split), config.seed)[: min(config.requests, len(split))]
+    oracle = oracle_bound(ladder, rung_correct(config.ladder, ladder, split, images), config.deadlines_ms)
+    cells: list[Cell] = []
+    capacity: list[Capacity] = []
+    grid = [(r, d, s) for r in config.rates for d in config.deadlines_ms for s in specs]
+    with _servers(config.ladder, any(s.baseline for s in specs)) as urls:
+        runner = _Runner(config, split, urls)
+        for rate, deadline, spec in tqdm(grid, desc="sweep", unit="cell", disable=not config.progress):
+            records, metrics = runner.run(spec, rate, deadline)
+            cells.append(Cell(spec, rate, deadline, records, metrics))
+        if config.capacity:
+            for spec in tqdm(specs, desc="capacity", unit="policy", disable=not config.progress):
+                capacity.append(_search_capacity(runner, spec, config))
+    return SweepResult(
+        config, ladder, specs, machine_info(ladder), started, time.perf_counter() - t0, cells, oracle, capacity
+    )
+
+
+def _search_capacity(runner: _Runner, spec: PolicySpec, config: SweepConfig) -> Capacity:
+    result = Capacity(spec.label, config.capacity_deadline_ms, None, None)
+
+    def passes(rate: float) -> bool:
+        # Every trial sends the full request count (a p99 needs samples): long enough for almost every
+        # Poisson schedule of `requests` arrivals, however low the rate.
+        duration = max(config.duration_s, 2 * config.requests / rate)
+        _, metrics = runner.run(spec, rate, config.capacity_deadline_ms, duration)
+        ok = capacity_passes(metrics, config.capacity_deadline_ms)
+        result.trials.append(
+            {
+                "rate": rate,
+                "passed": ok,
+                "sent": metrics["sent"],
+                "server_p99_ms": metrics["server_latency_ms"]["p99"],
+                "attainment": metrics["attainment"],
+                "send_lag_p99_ms": metrics["send_lag_ms"]["p99"],
+            }
+        )
+        return ok
+
+    result.rate, result.fails_at = find_capacity(passes, config.capacity_start)
+    return result
+
+
+def save_sweep(result: SweepResult) -> Path:
+    """sweep.json, per-cell records, report.md and the plots under config.out; returns report.md's path."""
+    from loadtest.report import write_report
+
+    out = result.config.out
+    (out / "records").mkdir(parents=True, exist_ok=True)
+    for cell in result.cells:
+        write_records(out / "records" / f"{_cell_name(cell)}.jsonl", cell.records)
+    data = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(result.config).items()},
+        "machine": result.machine,
+        "started": result.started,
+        "wall_s": result.wall_s,
+        "policies": [asdict(s) for s in result.specs],
+        "oracle": [asdict(o) for o in result.oracle],
+        "capacity": [asdict(c) for c in result.capacity],
+        "method": METHOD,
+        "cells": [
+            {
+                "policy": c.spec.label,
+                "rung": c.spec.rung,
+                "rate": c.rate,
+                "deadline_ms": c.deadline_ms,
+                **{k: v for k, v in c.metrics.items() if k != "method"},
+            }
+            for c in result.cells
+        ],
+    }
+    (out / "sweep.json").write_text(json.dumps(data, indent=2))
+    return write_report(result)

@@ -1,0 +1,288 @@
+"""The load generator: summary arithmetic, Poisson schedule, capacity search, loopback guard, and short real runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadtest.client import check_target
+from loadtest.harness import png_base64, running_server
+from loadtest.http import ConnectionPool
+from loadtest.schedule import DeadlineMix, image_order, make_workload, poisson_offsets
+from loadtest.summary import Record, read_records, summarize
+from loadtest.sweep import SweepConfig, capacity_passes, find_capacity, run_sweep, save_sweep
+from models.data import FashionMNIST
+from service.cli import main
+
+
+def _record(i: int, status: int, code: str, client_ms: float, **answer: object) -> Record:
+    base = Record(
+        i=i, image=i, label=0, deadline_ms=10, send_s=0.1 * i, lag_ms=0, client_ms=client_ms, status=status, code=code
+    )
+    return replace(base, **answer)
+
+
+def _ok(i: int, client_ms: float, server_ms: float, met: bool, correct: bool, exit_k: int) -> Record:
+    return _record(
+        i, 200, "ok", client_ms, server_ms=server_ms, deadline_met=met, correct=correct, exit=exit_k, rung=f"r{exit_k}"
+    )
+
+
+HAND_MADE = [
+    _ok(0, 2.0, 1.5, met=True, correct=True, exit_k=1),
+    _ok(1, 4.0, 3.0, met=True, correct=False, exit_k=2),
+    _ok(2, 12.0, 11.0, met=False, correct=True, exit_k=3),  # late: counts against attainment and accuracy
+    _record(3, 503, "deadline_infeasible", 1.0),
+    _record(4, 504, "deadline_expired", 6.0),
+    _record(5, 0, "client_timeout", 100.0),
+    _record(6, 429, "queue_full", 0.5),
+    _ok(7, 3.0, 2.0, met=True, correct=True, exit_k=1),
+]
+
+
+def test_summary_counts_every_sent_request() -> None:
+    m = summarize(HAND_MADE)
+    assert (m["sent"], m["answered"], m["on_time"]) == (8, 4, 3)
+    assert m["attainment"] == pytest.approx(3 / 8)
+    assert m["effective_accuracy"] == pytest.approx(2 / 8)  # on time and correct: records 0 and 7
+    assert m["answered_accuracy"] == pytest.approx(3 / 4)  # correct among the 200s, late or not
+    assert m["late_rate"] == pytest.approx(1 / 8)
+    assert m["rejection_rate"] == pytest.approx(2 / 8)  # deadline_infeasible, queue_full
+    assert m["error_rate"] == pytest.approx(2 / 8)  # deadline_expired, client_timeout
+    assert m["rates_by_code"] == {
+        "client_timeout": 1 / 8,
+        "deadline_expired": 1 / 8,
+        "deadline_infeasible": 1 / 8,
+        "queue_full": 1 / 8,
+    }
+    assert m["exit_shares"] == {"1": 0.5, "2": 0.25, "3": 0.25}
+    assert m["rung_shares"] == {"r1": 0.5, "r2": 0.25, "r3": 0.25}
+
+
+def test_summary_percentiles_are_over_all_records() -> None:
+    m = summarize(HAND_MADE)
+    client = [r.client_ms for r in HAND_MADE]
+    for p in (50, 90, 99):
+        assert m["client_latency_ms"][f"p{p}"] == pytest.approx(np.percentile(client, p))
+        assert m["server_latency_ms"][f"p{p}"] == pytest.approx(np.percentile([1.5, 3.0, 11.0, 2.0], p))
+    assert m["client_latency_ms"]["p99"] > 12  # the timed-out request is in the tail, not dropped
+    assert m["server_latency_n"] == 4
+    # throughput: 4 answers from the first send (0 s) to the last answer (record 7: sent at 0.7 s, 3 ms)
+    assert m["span_s"] == pytest.approx(0.703)
+    assert m["throughput"] == pytest.approx(4 / 0.703)
+
+
+def test_summary_of_nothing_is_empty_not_an_error() -> None:
+    m = summarize([])
+    assert m["sent"] == 0 and m["attainment"] is None and m["client_latency_ms"]["p99"] is None
+
+
+def test_poisson_gaps_have_mean_one_over_rate() -> None:
+    rate = 250.0
+    offsets = poisson_offsets(rate, 100_000, 1e9, np.random.default_rng(0))
+    gaps = np.diff(np.concatenate([[0.0], offsets]))
+    assert len(offsets) == 100_000
+    assert gaps.mean() == pytest.approx(1 / rate, rel=0.02)
+    assert gaps.std() == pytest.approx(1 / rate, rel=0.03)  # exponential: std equals the mean
+
+
+def test_poisson_schedule_respects_both_bounds() -> None:
+    rng = np.random.default_rng(1)
+    assert len(poisson_offsets(1000.0, 50, 60.0, rng)) == 50  # the request bound comes first
+    offsets = poisson_offsets(200.0, 1_000_000, 2.0, rng)  # the duration bound comes first
+    assert offsets.max() < 2.0 and np.all(np.diff(offsets) > 0)
+    assert abs(len(offsets) - 400) < 5 * np.sqrt(400)
+    same = poisson_offsets(200.0, 10, 1.0, np.random.default_rng(7))
+    assert np.array_equal(same, poisson_offsets(200.0, 10, 1.0, np.random.default_rng(7)))
+
+
+def test_deadline_mix_parses_and_draws_in_proportion() -> None:
+    mix = DeadlineMix.parse("3:0.3,10:0.5,50:0.2")
+    assert mix.deadlines_ms == (3.0, 10.0, 50.0) and mix.probabilities == (0.3, 0.5, 0.2)
+    drawn = mix.draw(20_000, np.random.default_rng(0))
+    for d, p in zip(mix.deadlines_ms, mix.probabilities, strict=True):
+        assert (drawn == d).mean() == pytest.approx(p, abs=0.02)
+    for bad in ("3:0.3,10:0.5", "3", "a:1", "0:1", "3:1.5,4:-0.5"):
+        with pytest.raises(ValueError):
+            DeadlineMix.parse(bad)
+
+
+def test_workload_sends_the_same_images_whatever_the_length() -> None:
+    mix = DeadlineMix.single(5)
+    short, long = make_workload(10, 100, mix, seed=3), make_workload(250, 100, mix, seed=3)
+    assert np.array_equal(short.images, long.images[:10])
+    assert np.array_equal(long.images[:100], image_order(100, 3))
+    assert np.array_equal(long.images[100:200], long.images[:100])  # cycled when there are more requests
+    assert set(long.deadlines_ms) == {5.0}
+
+
+def test_capacity_search_brackets_then_bisects() -> None:
+    tried: list[float] = []
+
+    def passes(rate: float) -> bool:
+        tried.append(rate)
+        return rate <= 137
+
+    assert find_capacity(passes, 25) == (125.0, 137.5)
+    assert tried[:4] == [25, 50, 100, 200]
+    assert find_capacity(lambda r: r <= 5, 25, bisections=0) == (3.125, 6.25)  # halves down first
+    assert find_capacity(lambda r: True, 25, expand_steps=3) == (100, None)  # bounded: never failed
+
+
+def test_capacity_criterion_is_p99_within_deadline_and_99_percent_on_time() -> None:
+    m = {"server_latency_ms": {"p99": 9.0}, "attainment": 0.995}
+    assert capacity_passes(m, 10.0)
+    assert not capacity_passes({**m, "attainment": 0.98}, 10.0)
+    assert not capacity_passes({**m, "server_latency_ms": {"p99": 10.5}}, 10.0)
+    assert not capacity_passes({"server_latency_ms": {"p99": None}, "attainment": 0.0}, 10.0)
+
+
+async def _tiny_server(answers: list[bytes]) -> tuple[asyncio.Server, list[int]]:
+    """Loopback server that answers each request with the next canned response; closes when told to."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        while answers:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")]
+            await reader.readexactly(length[0] if length else 0)
+            answer = answers.pop(0)
+            writer.write(answer)
+            await writer.drain()
+            if b"close" in answer:  # "connection: close", or closing unannounced (as on a keep-alive timeout)
+                break
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0), connections
+
+
+def test_http_client_reads_lengths_chunks_and_reconnects() -> None:
+    async def scenario() -> list[tuple[int, bytes]]:
+        answers = [
+            b'HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n{"a":1}',
+            b'HTTP/1.1 503 Busy\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{"b\r\n3\r\n":2\r\n1\r\n}\r\n0\r\n\r\n',
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-then-close: 1\r\n\r\n[]",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nnull",
+        ]
+        server, connections = await _tiny_server(answers)
+        pool = ConnectionPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", 4)
+        request = pool.request("POST", "/v1/classify", b'{"x": 1}')
+        out = []
+        for _ in range(5):
+            response = await pool.send(request, 5)
+            out.append((response.status, response.body))
+        await pool.close()
+        server.close()
+        # one reused for three answers, a new one after "connection: close", another after the unannounced close
+        assert len(connections) == 3
+        return out
+
+    assert asyncio.run(scenario()) == [
+        (200, b'{"a":1}'),
+        (503, b'{"b":2}'),
+        (200, b"{}"),
+        (200, b"[]"),
+        (200, b"null"),
+    ]
+
+
+def test_http_client_times_out() -> None:
+    async def scenario() -> None:
+        server = await asyncio.start_server(lambda r, w: asyncio.sleep(5), "127.0.0.1", 0)  # never answers
+        pool = ConnectionPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", 1)
+        with pytest.raises(TimeoutError):
+            await pool.send(pool.request("GET", "/readyz"), 0.2)
+        server.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "url", ["http://10.1.2.3:8000", "http://example.com", "http://192.168.0.1", "http://[2001:db8::1]"]
+)
+def test_a_target_outside_loopback_is_refused(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # Only the refusal path: nothing is ever sent to these addresses.
+    assert main(["loadtest", "--url", url, "--requests", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "not a loopback address" in err and "--allow-remote" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://127.3.4.5", "http://localhost:9", "http://[::1]:80"])
+def test_loopback_targets_are_allowed(url: str) -> None:
+    check_target(url)
+
+
+def test_allow_remote_lifts_the_guard_without_sending_anything() -> None:
+    check_target("http://10.1.2.3:8000", allow_remote=True)
+
+
+@pytest.mark.slow
+def test_short_real_run_writes_records_and_summary(default_ladder_dir: Path, tmp_path: Path) -> None:
+    with running_server(default_ladder_dir) as url:
+        argv = ["loadtest", "--url", url, "--rate", "40", "--requests", "60", "--duration", "3", "--quiet"]
+        assert main([*argv, "--deadline-mix", "3:0.3,10:0.5,50:0.2", "--out", str(tmp_path / "server")]) == 0
+        single = ["--scenario", "single-stream", "--requests", "15", "--policy", "static"]
+        assert main([*argv, *single, "--out", str(tmp_path / "single")]) == 0
+    for name, most in (("server", 60), ("single", 15)):
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        records = read_records(tmp_path / name / "records.jsonl")
+        m = summary["metrics"]
+        assert 0 < m["sent"] == len(records) <= most
+        assert m == summarize(records)
+        assert m["answered"] > 0 and m["rates_by_code"].get("transport_error") is None
+        assert set(m["exit_shares"]) <= {"1", "2", "3", "4"}
+        answered = [r for r in records if r.answered]
+        assert all(r.server_ms is not None and r.server_ms <= r.client_ms for r in answered)
+        assert m["answered_accuracy"] > 0.3  # real labels: far above the 10 % of guessing, even on a weak ladder
+    assert json.loads((tmp_path / "server" / "summary.json").read_text())["config"]["deadlines"]["deadlines_ms"] == [
+        3.0,
+        10.0,
+        50.0,
+    ]
+
+
+@pytest.mark.slow
+def test_tiny_sweep_writes_report_and_plots(default_ladder_dir: Path, tmp_path: Path, fmnist: FashionMNIST) -> None:
+    config = SweepConfig(
+        ladder=default_ladder_dir,
+        out=tmp_path,
+        deadlines_ms=(20.0,),
+        rates=(40.0,),
+        policies=("cascade", "baseline"),
+        requests=20,
+        duration_s=2.0,
+        progress=False,
+    )
+    result = run_sweep(config, fmnist.split("test"))
+    report = save_sweep(result).read_text()
+    for name in ("effective_accuracy.png", "attainment_vs_rate.png", "latency_cdf.png", "rung_exit_mix.png"):
+        assert (tmp_path / name).stat().st_size > 1000 and f"]({name})" in report
+    assert "oracle bound" in report and "Machine:" in report and "baseline" in report
+    assert len(result.cells) == 2 and all(c.metrics["sent"] > 0 for c in result.cells)
+    baseline = next(c for c in result.cells if c.spec.baseline)
+    assert baseline.metrics["rung_shares"] and all(r.rung == baseline.spec.rung for r in baseline.records if r.answered)
+    oracle = result.oracle[0]
+    assert oracle.images == 20 and 0 <= oracle.best_rung_accuracy <= oracle.oracle <= 1
+    assert len(list((tmp_path / "records").glob("*.jsonl"))) == 2
+
+
+@pytest.mark.slow
+def test_baseline_answers_like_the_service(default_ladder_dir: Path, fmnist: FashionMNIST) -> None:
+    from fastapi.testclient import TestClient
+
+    from loadtest.baseline import create_baseline_app
+
+    client = TestClient(create_baseline_app(default_ladder_dir))
+    image = fmnist.split("test").images[0]
+    body = client.post("/v1/classify", json={"image": png_base64(image), "deadline_ms": 1000, "policy": "x"}).json()
+    assert {"label", "rung", "exit", "latency_ms", "deadline_met"} <= set(body) and body["deadline_met"]
+    assert body["rung"].endswith("fp32.onnxruntime")
+    bad = client.post("/v1/classify", json={"image": "not base64!", "deadline_ms": 10})
+    assert bad.status_code == 400 and bad.json()["code"] == "bad_image"
