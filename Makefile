@@ -17,22 +17,26 @@ test: $(STAMP) data ladder
 
 venv: $(STAMP)
 
+# Editable install in compat mode puts the checkout on sys.path. The default editable finder ranks below
+# sys.path, and onnxruntime.transformers appends a directory holding a namespace package named `models`,
+# which then shadowed ours (the registry came up empty).
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || \
 		{ echo "error: Python 3.11 is required (found $$($(PYTHON) --version))" >&2; exit 1; }
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# compat mode puts the checkout on sys.path. The default editable finder ranks below sys.path, and
-	# onnxruntime.transformers appends a directory holding a namespace package named `models`, which then
-	# shadowed ours (the registry came up empty).
 	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 data:
 	@scripts/ensure-data.sh
 
-# Builds the default ladder when it is missing or stale (the builder redoes only what changed).
-ladder: $(STAMP) data
+# Builds the default ladder when it is missing or older than the checkpoint; `anytime build` itself
+# redoes only the steps whose inputs changed.
+ladder: $(LADDER)/ladder.json
+
+$(LADDER)/ladder.json: $(CHECKPOINT) | $(STAMP)
+	@scripts/ensure-data.sh
 	$(BIN)/anytime build $(CHECKPOINT) --out $(LADDER)
 
 lint: $(STAMP)

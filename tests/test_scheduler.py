@@ -129,7 +129,8 @@ def test_same_stage_items_are_batched(setup) -> None:  # type: ignore[no-untyped
     done: list[Job] = []
     blocker = _job(planner, Policy.CASCADE, 5000, done)
     scheduler.submit(blocker)
-    time.sleep(0.005)
+    while blocker.started is None:
+        time.sleep(0.0005)
     for _ in range(3):
         scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))
     deadline = time.monotonic() + 5
@@ -152,8 +153,10 @@ def test_cascade_stops_early_when_time_runs_out(setup) -> None:  # type: ignore[
 def test_expired_before_running_gets_504(setup) -> None:  # type: ignore[no-untyped-def]
     scheduler, planner, _ = setup
     done: list[Job] = []
-    scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))  # occupies the worker
-    time.sleep(0.002)
+    blocker = _job(planner, Policy.CASCADE, 5000, done)
+    scheduler.submit(blocker)  # occupies the worker
+    while blocker.started is None:
+        time.sleep(0.0005)
     event = threading.Event()
     late = _job(planner, Policy.STATIC, 5, done, event)
     scheduler.submit(late)
