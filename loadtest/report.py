@@ -132,7 +132,7 @@ def _method(result: SweepResult) -> list[str]:
     c, m, ladder = result.config, result.machine, result.ladder
     policies = "; ".join(str(s) for s in result.specs)
     return [
-        f"Run {result.started}, {result.wall_s:.0f} s in all. Machine: {m['cpu']}, {m['cpus']} CPUs, {m['platform']}. "
+        f"Run {result.started}, {result.wall_s:.0f} s in all. Machine: {m['cpu']}, {m['cores']} CPUs, {m['platform']}. "
         "The load generator, the Anytime server and the baseline share this machine's cores.",
         "",
         f"Ladder `{c.ladder}` (model {ladder.model}, {len(ladder.rungs)} rungs, {len(ladder.cascades)} cascades, "

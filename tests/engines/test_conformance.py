@@ -98,7 +98,7 @@ class TestOpenVinoBF16(EngineConformance):
 
 
 class TestTorchReference(EngineConformance):
-    backend, precision, logit_tolerance = Backend.TORCH, Precision.FP32, 0.0
+    backend, precision, logit_tolerance = Backend.TORCH, Precision.FP32, 1e-5  # batch 100 vs 1000: float order
 
     def open(self, ladder_dir: Path, ladder: Ladder, name: str) -> Engine:
         pytest.skip("the torch engine has no stage files")
