@@ -22,8 +22,6 @@ from typing import Any
 import numpy as np
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from engines.base import Backend, Precision
@@ -32,7 +30,7 @@ from engines.manifest import Ladder, Rung, load_ladder
 from loadtest.harness import free_port, running_process
 from models.data import PreprocessSpec
 from service.app import StampAndLimit
-from service.errors import ApiError
+from service.errors import install_error_handlers
 from service.images import decode_array, decode_base64, to_input
 
 
@@ -66,15 +64,7 @@ def create_baseline_app(ladder_dir: Path, threads: int | None = None) -> FastAPI
     engine.warmup((1,))
     app = FastAPI(title="Anytime baseline", description="The last exit in FP32 on ONNX Runtime, served plainly.")
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first["loc"] if p != "body")
-        return JSONResponse({"code": "invalid_request", "message": f"{where}: {first['msg']}"}, status_code=422)
+    install_error_handlers(app)
 
     @app.get("/healthz")
     @app.get("/readyz")

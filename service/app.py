@@ -8,14 +8,12 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
-from service.errors import ApiError, PayloadTooLarge
+from service.errors import ApiError, PayloadTooLarge, install_error_handlers
 from service.metrics import Metrics
 from service.routes import classify, health, ladder
 from service.runtime import Runtime
@@ -80,31 +78,7 @@ def create_app(settings: Settings | None = None, load_in_background: bool = True
     )
     app.state.settings, app.state.runtime, app.state.metrics = settings, runtime, metrics
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first["loc"] if p != "body")
-        return JSONResponse(
-            {"code": "invalid_request", "message": f"{where}: {first['msg']}" if where else first["msg"]},
-            status_code=422,
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
-        return JSONResponse(
-            {"code": code, "message": str(e.detail)}, status_code=e.status_code, headers=getattr(e, "headers", None)
-        )
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, e: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return JSONResponse({"code": "internal_error", "message": "internal error"}, status_code=500)
-
+    install_error_handlers(app)
     for module in (classify, health, ladder):
         app.include_router(module.router)
     app.add_middleware(StampAndLimit, max_body_bytes=settings.max_body_bytes)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("anytime")
 
 
 class ApiError(Exception):
@@ -51,3 +59,32 @@ class NotReady(ApiError):
 
 class DeadlineExpired(ApiError):
     status, code = 504, "deadline_expired"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as JSON {code, message}; unexpected ones are logged and answered with a bare 500."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"] if p != "body")
+        return JSONResponse(
+            {"code": "invalid_request", "message": f"{where}: {first['msg']}" if where else first["msg"]},
+            status_code=422,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+        return JSONResponse(
+            {"code": code, "message": str(e.detail)}, status_code=e.status_code, headers=getattr(e, "headers", None)
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, e: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse({"code": "internal_error", "message": "internal error"}, status_code=500)
