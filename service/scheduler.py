@@ -171,6 +171,11 @@ class Scheduler:
             heapq.heapify(self._heap)
 
     def _run(self, batch: list[Job]) -> None:
+        for job in [j for j in batch if j.cancelled]:  # the client left while the batch was formed
+            batch.remove(job)
+            self._finish(job)
+        if not batch:
+            return
         head = batch[0]
         name = head.plan.engines[head.step]
         x = np.concatenate([j.x for j in batch])

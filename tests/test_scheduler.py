@@ -25,9 +25,12 @@ class SleepEngine(EngineBase):
     def __init__(self, ms: float, unsure: bool = True) -> None:
         self.ms, self.unsure = ms, unsure
         self.batches: list[int] = []
+        self.gate = threading.Event()  # cleared by a test to hold the worker inside run()
+        self.gate.set()
 
     def run(self, x: np.ndarray) -> list[np.ndarray]:
         self.batches.append(len(x))
+        assert self.gate.wait(5)
         time.sleep(self.ms / 1e3)
         logits = np.zeros((len(x), 10), np.float32) if self.unsure else np.eye(10, dtype=np.float32)[[0] * len(x)] * 50
         return [x, logits]
@@ -165,20 +168,26 @@ def test_expired_before_running_gets_504(setup) -> None:  # type: ignore[no-unty
 
 
 def test_cancelled_work_is_dropped_and_queue_bound_holds(setup) -> None:  # type: ignore[no-untyped-def]
-    scheduler, planner, _ = setup
+    scheduler, planner, engines = setup
     done: list[Job] = []
     jobs = [_job(planner, Policy.CASCADE, 5000, done) for _ in range(8)]
-    for job in jobs:
+    engines["s1"].gate.clear()  # the first job holds the worker until the others are queued and cancelled
+    scheduler.submit(jobs[0])
+    while jobs[0].started is None:
+        time.sleep(0.0005)
+    for job in jobs[1:]:
         scheduler.submit(job)
     with pytest.raises(QueueFull) as e:
         scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))
     assert e.value.headers["Retry-After"]
     for job in jobs[1:]:
         scheduler.cancel(job)
+    engines["s1"].gate.set()
     deadline = time.monotonic() + 5
     while len(done) < 8 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(done) == 8 and all(j.step == 0 for j in jobs[2:])  # answered (as cancelled), never run
+    assert len(done) == 8 and all(j.cancelled and j.step == 0 for j in jobs[1:])  # answered, never run
+    assert jobs[0].step == 3 and not jobs[0].cancelled
 
 
 def test_infeasible_plan_rejected_or_best_effort() -> None:
