@@ -36,10 +36,8 @@ from engines.manifest import (
     CutSearch,
     EngineRecord,
     Ladder,
-    ManifestError,
     Rung,
     Stage,
-    load_ladder,
 )
 from engines.profile import accuracy, machine_info, measure_latency, measure_peak_memory, predict_logits
 from engines.thresholds import fit_thresholds, simulate
@@ -107,6 +105,29 @@ class ArtifactCache:
         self.path.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
 
 
+class MeasurementCache:
+    """Profiles, peak memory and accuracies of every engine the build measured, by name and file sha256.
+
+    Every engine is kept, also those the build then drops (cut variants off the FP32 front): a re-run
+    reuses the same numbers and so makes the same choices. Entries are void when the measuring settings
+    or the data splits change.
+    """
+
+    def __init__(self, directory: Path, key: dict[str, Any]) -> None:
+        self.path = directory / "measurements.json"
+        self.key = ArtifactCache.digest(key)
+        data = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.entries: dict[str, dict[str, Any]] = data.get("entries", {}) if data.get("key") == self.key else {}
+
+    def get(self, name: str, sha256: str) -> dict[str, Any]:
+        entry = self.entries.get(name, {})
+        return entry if entry.get("sha256") == sha256 else {}
+
+    def put(self, name: str, sha256: str, **values: Any) -> None:
+        self.entries[name] = {**self.get(name, sha256), **values, "sha256": sha256}
+        self.path.write_text(json.dumps({"key": self.key, "entries": self.entries}, indent=1, sort_keys=True))
+
+
 class Builder:
     def __init__(self, checkpoint_path: Path, out: Path, config: BuildConfig) -> None:
         self.out, self.config = Path(out), config
@@ -117,22 +138,13 @@ class Builder:
         self.model = self.ckpt.build_model()
         self.spec = self.ckpt.preprocess
         self.cache = ArtifactCache(self.out)
-        self.previous = self._previous_records()
+        self.measured = MeasurementCache(self.out, {**config.measuring_key(), "splits": self.ckpt.splits})
         self.versions = {"torch": str(torch.__version__), "onnx": onnx.__version__, **_backend_versions()}
         self.val, self.test = self.source.split("val"), self.source.split("test")
         torch.set_num_threads(config.threads)
         torch.set_flush_denormal(True)
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _previous_records(self) -> dict[str, dict[str, Any]]:
-        try:
-            old = load_ladder(self.out, verify=False)
-        except (ManifestError, OSError):
-            return {}
-        if old.splits != self.ckpt.splits or old.measuring != self.config.measuring_key():
-            return {}
-        return {r.name: r.model_dump() for r in [*old.rungs, *old.stages]}
-
     def _key(self, **extra: Any) -> dict[str, Any]:
         return {"checkpoint": self.ckpt_artifact.sha256, "versions": self.versions, **extra}
 
@@ -253,12 +265,14 @@ class Builder:
         path = self.out / g.file(file_precision)
         art = _artifact(path, self.out)
         name = f"{g.name}.{precision}.{backend}"
-        engine, memory = measure_peak_memory(lambda: open_engine(backend, path, precision, self.config.threads))
-        old = self.previous.get(name)
-        if old and old["artifact"]["sha256"] == art.sha256:
-            profiles = old["profiles"]
+        known = self.measured.get(name, art.sha256)
+        if "profiles" in known:
+            engine = open_engine(backend, path, precision, self.config.threads)
+            memory, profiles = known["peak_memory_bytes"], known["profiles"]
         else:
+            engine, memory = measure_peak_memory(lambda: open_engine(backend, path, precision, self.config.threads))
             profiles = [measure_latency(engine, b, self.config.runs).model_dump() for b in self.config.batch_sizes]
+            self.measured.put(name, art.sha256, profiles=profiles, peak_memory_bytes=memory)
         record = {
             "name": name,
             "precision": precision,
@@ -274,12 +288,15 @@ class Builder:
 
     def rung(self, g: Graph, precision: Precision, backend: Backend, file_precision: Precision) -> Rung:
         record, engine = self.engine_record(g, precision, backend, file_precision)
-        old = self.previous.get(record["name"])
-        if old and old["artifact"]["sha256"] == record["artifact"]["sha256"] and "val_accuracy" in old:
-            val_acc, test_acc = old["val_accuracy"], old["test_accuracy"]
+        known = self.measured.get(record["name"], record["artifact"]["sha256"])
+        if "val_accuracy" in known:
+            val_acc, test_acc = known["val_accuracy"], known["test_accuracy"]
         else:
             val_acc = accuracy(predict_logits(engine, self.val, self.spec), self.val.labels)
             test_acc = accuracy(predict_logits(engine, self.test, self.spec), self.test.labels)
+            self.measured.put(
+                record["name"], record["artifact"]["sha256"], val_accuracy=val_acc, test_accuracy=test_acc
+            )
         engine.close()
         return Rung(
             **record,
