@@ -16,9 +16,9 @@ from starlette.datastructures import UploadFile
 from engines.manifest import Rung, Stage
 from engines.thresholds import softmax
 from service.deps import ReadyRuntimeDep
-from service.errors import ApiError, BadImage, InvalidRequest, UnsupportedMediaType
+from service.errors import ApiError, BadImage, DeadlineExpired, InvalidRequest, UnsupportedMediaType
 from service.images import decode_array, decode_base64, decode_bytes, to_input
-from service.planner import Policy
+from service.planner import OnInfeasible, Policy
 from service.runtime import Runtime
 from service.scheduler import Job
 from service.schemas import BatchRequest, BatchResponse, ClassifyOptions, ClassifyRequest, ClassifyResponse, TopK
@@ -144,12 +144,16 @@ def _encode(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
     latency = (job.finished - job.arrival) * 1e3
     met = job.finished <= job.deadline
     exit_k = record.index if isinstance(record, Stage) else record.exit if isinstance(record, Rung) else 0
-    metrics.requests.labels(options.policy, job.plan.name, "ok" if met else "late").inc()
     metrics.latency.observe(latency)
     metrics.queue.observe((job.started - job.arrival) * 1e3)
-    metrics.exits.labels(str(exit_k)).inc()
     if not met:
         metrics.deadline_misses.inc()
+        if options.on_infeasible is OnInfeasible.REJECT:  # only a best-effort client takes a late answer
+            metrics.requests.labels(options.policy, job.plan.name, DeadlineExpired.code).inc()
+            late_ms = round((job.finished - job.deadline) * 1e3, 3)
+            raise DeadlineExpired(f"the answer was ready {late_ms} ms after the deadline", late_ms=late_ms)
+    metrics.requests.labels(options.policy, job.plan.name, "ok" if met else "late").inc()
+    metrics.exits.labels(str(exit_k)).inc()
     return ClassifyResponse(
         request_id=job.id,
         label=int(order[0]),
