@@ -19,7 +19,7 @@ import numpy as np
 from engines.base import Engine
 from engines.thresholds import entropy
 from service.errors import ApiError, DeadlineExpired, QueueFull
-from service.planner import Plan, Planner, Policy
+from service.planner import OnInfeasible, Plan, Planner, Policy
 from service.predictor import LatencyPredictor
 
 log = logging.getLogger("anytime.scheduler")
@@ -133,10 +133,7 @@ class Scheduler:
             if head.cancelled:
                 self._finish(head)
                 continue
-            if now >= head.deadline and not head.best_effort:
-                if head.logits is None:
-                    head.error = DeadlineExpired("the deadline passed before any stage could run")
-                self._finish(head)
+            if not head.best_effort and not self._fits_now(head, now):
                 continue
             break
         else:
@@ -151,6 +148,25 @@ class Scheduler:
                 self._add_mates(batch, engine, time.monotonic())
         self._busy_until = time.monotonic() + self.predictor.predict(engine, len(batch)) / 1e3
         return batch
+
+    def _fits_now(self, job: Job, now: float) -> bool:
+        """Can the job's next engine still finish by its deadline? If not, settle it without running late.
+
+        Queueing can take longer than planned (earlier-due arrivals overtake). A cascade then answers with
+        its best answer so far; a job with no answer yet moves to the most accurate plan that still fits,
+        and gets 504 at once when none does.
+        """
+        time_left = (job.deadline - now) * 1e3
+        if self.predictor.predict(job.plan.engines[job.step]) + self.margin_ms <= time_left:
+            return True
+        if job.logits is None:
+            try:
+                job.plan = self.planner.plan(job.plan.policy, time_left, 0.0, OnInfeasible.REJECT, job.plan.name)
+                return True
+            except ApiError:
+                job.error = DeadlineExpired(f"{max(time_left, 0.0):.2f} ms were left after queueing: no rung fits")
+        self._finish(job)
+        return False
 
     def _add_mates(self, batch: list[Job], engine: str, now: float) -> None:
         mates = [e for e in self._heap if e[2].plan.engines[e[2].step] == engine and not e[2].cancelled]

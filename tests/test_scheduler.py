@@ -190,6 +190,28 @@ def test_cancelled_work_is_dropped_and_queue_bound_holds(setup) -> None:  # type
     assert jobs[0].step == 3 and not jobs[0].cancelled
 
 
+def test_queued_work_that_no_longer_fits_is_settled_without_running_late(setup) -> None:  # type: ignore[no-untyped-def]
+    scheduler, planner, _ = setup
+    scheduler.stop()  # no worker: the test takes batches itself
+    done: list[Job] = []
+    # A cascade mid-way whose next stage (22 ms predicted) no longer fits in the 10 ms left: answers with exit 1.
+    cascade = _job(planner, Policy.CASCADE, 5000, done)
+    cascade.deadline, cascade.step, cascade.logits = time.monotonic() + 0.010, 1, np.zeros((1, 10), np.float32)
+    # A queued job with no answer yet, planned on a rung that no longer fits: moves to one that does.
+    moved = _job(planner, Policy.STATIC, 5000, done)
+    moved.plan, moved.deadline = Plan(Policy.STATIC, "s1", ["s1"]), time.monotonic() + 0.010
+    # No plan fits at all: 504 at once instead of a late answer.
+    hopeless = _job(planner, Policy.CASCADE, 5000, done)
+    hopeless.deadline = time.monotonic() + 0.0015
+    for job in (cascade, moved, hopeless):
+        scheduler.submit(job)
+    with scheduler._cond:
+        batch = scheduler._take_batch()
+    assert batch == [moved] and moved.plan.engines == ["fast"]
+    assert cascade in done and cascade.error is None and cascade.step == 1
+    assert hopeless in done and isinstance(hopeless.error, DeadlineExpired) and hopeless.step == 0
+
+
 def test_infeasible_plan_rejected_or_best_effort() -> None:
     ladder = _ladder()
     planner = Planner(ladder, LatencyPredictor([*ladder.stages, *ladder.rungs]), margin_ms=1.0)
