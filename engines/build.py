@@ -63,6 +63,7 @@ class BuildConfig:
     runs: int = 200
     accuracy_bound_pp: float = 0.5
     min_cuts: int = 3
+    max_cut_drop_pp: float = 5.0  # a cut variant this far below the full network's val accuracy is never kept
     data: str = "fashion-mnist"
     progress: bool = True
 
@@ -354,7 +355,7 @@ class Builder:
         # Cut variants off the FP32 accuracy/latency front are dropped before any other engine is made.
         answering = by_kind["exit"] + by_kind["cut"]
         fp32 = [self.rung(g, *CPU_ENGINES[0]) for g in self._bar(answering, "measure FP32 rungs")]
-        fp32, kept = _keep_pareto_cuts(fp32, self.config.min_cuts)
+        fp32, kept = _keep_pareto_cuts(fp32, self.config.min_cuts, self.config.max_cut_drop_pp)
         answering = [g for g in answering if g.kind == "exit" or g.name in kept]
         calibration = self.choose_method(by_kind["exit"][-1])
         method = CalibrationMethod(calibration.method)
@@ -409,9 +410,17 @@ def _chain_logits(engines: list[Engine], split: Any, spec: Any, batch_size: int 
     return [np.concatenate(chunks) for chunks in per_exit]
 
 
-def _keep_pareto_cuts(fp32: list[Rung], min_cuts: int) -> tuple[list[Rung], list[str]]:
-    """Keep the cut variants on the accuracy/latency front of all FP32 rungs (at least `min_cuts` of them)."""
-    cuts = sorted((r for r in fp32 if r.kind == "cut"), key=lambda r: -r.val_accuracy)
+def _keep_pareto_cuts(fp32: list[Rung], min_cuts: int, max_drop_pp: float) -> tuple[list[Rung], list[str]]:
+    """Keep the cut variants on the accuracy/latency front of all FP32 rungs (at least `min_cuts` of them).
+
+    Only variants within `max_drop_pp` of the full network's val accuracy are candidates: the deepest cuts
+    are the fastest of all, so they sit on the front even when they answer no better than chance.
+    """
+    full = max(r.val_accuracy for r in fp32 if r.kind == "exit")
+    cuts = sorted(
+        (r for r in fp32 if r.kind == "cut" and r.val_accuracy >= full - max_drop_pp / 100),
+        key=lambda r: -r.val_accuracy,
+    )
     front = [c for c in cuts if not any(_dominates(o, c) for o in fp32 if o is not c)]
     keep = front if len(front) >= min_cuts else cuts[:min_cuts]
     graphs = {r.name.split(".")[0] for r in keep}
