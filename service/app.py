@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -64,7 +63,7 @@ def create_app(settings: Settings | None = None, load_in_background: bool = True
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if load_in_background:
-            threading.Thread(target=runtime.load, name="anytime-load", daemon=True).start()
+            runtime.load_in_background()
         else:
             runtime.load()
         yield

@@ -40,11 +40,19 @@ class Runtime:
         )
         self.ready = threading.Event()
         self.failed: str | None = None
+        self._closing = threading.Event()
+        self._loader: threading.Thread | None = None
+
+    def load_in_background(self) -> None:
+        self._loader = threading.Thread(target=self.load, name="anytime-load", daemon=True)
+        self._loader.start()
 
     def load(self) -> None:
         """Open and warm every engine, then start the worker; /readyz turns 200 only after this."""
         try:
             for name, record in self.records.items():
+                if self._closing.is_set():  # shut down while loading: stop between engines
+                    return
                 engine = open_engine(
                     record.backend,
                     Path(self.settings.ladder) / record.artifact.path,
@@ -62,6 +70,10 @@ class Runtime:
             log.exception("loading the ladder failed")
 
     def close(self) -> None:
+        # A loader still inside a backend call must finish it first: native threads torn down under it abort.
+        self._closing.set()
+        if self._loader is not None:
+            self._loader.join()
         if self.ready.is_set():
             self.scheduler.stop()
         for engine in self.engines.values():
