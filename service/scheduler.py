@@ -68,6 +68,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._busy_until = 0.0  # predicted end of the batch being run
         self._jobs = 0  # accepted jobs not yet finished
+        self._last_submit = 0.0
+        self._arrival_gap = float("inf")  # between the last two submissions, s
         self._stop = False
         self._thread = threading.Thread(target=self._work, name="anytime-worker", daemon=True)
 
@@ -99,6 +101,8 @@ class Scheduler:
                     headers={"Retry-After": "1"},
                 )
             self._jobs += 1
+            now = time.monotonic()
+            self._arrival_gap, self._last_submit = now - self._last_submit, now
             heapq.heappush(self._heap, (job.deadline, next(self._seq), job))
             self._cond.notify()
 
@@ -141,7 +145,9 @@ class Scheduler:
         engine = head.plan.engines[head.step]
         batch = [head]
         self._add_mates(batch, engine, now)
-        if len(batch) == 1 and self.window_s > 0:
+        # Wait for batch-mates only while requests arrive closer together than the window: at low rates
+        # the wait would be pure added latency.
+        if len(batch) == 1 and 0 < self._arrival_gap <= self.window_s:
             slack = (head.deadline - now) * 1e3 - self.predictor.predict(engine, 2) - self.margin_ms
             if slack > self.window_s * 1e3:
                 self._cond.wait(self.window_s)  # let batch-mates arrive; releases the lock meanwhile
