@@ -9,8 +9,8 @@ import uuid
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Request
-from pydantic import ValidationError
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from engines.manifest import Rung, Stage
@@ -186,7 +186,7 @@ def _count_rejection(runtime: Runtime, options: ClassifyOptions | None, error: A
     openapi_extra=_BODY_DOC,
     responses={400: {}, 404: {}, 413: {}, 415: {}, 422: {}, 429: {}, 503: {}, 504: {}},
 )
-async def classify(request: Request, runtime: ReadyRuntimeDep) -> ClassifyResponse:
+async def classify(request: Request, runtime: ReadyRuntimeDep) -> Response:
     """Classify one image within `deadline_ms` of its arrival; says which rung answered and if it was on time."""
     arrival = request.scope["state"]["arrival"]
     options = None
@@ -200,7 +200,7 @@ async def classify(request: Request, runtime: ReadyRuntimeDep) -> ClassifyRespon
         _count_rejection(runtime, options, e)
         raise
     await _await_jobs(request, runtime, [job], [future])
-    return _encode(runtime, job, options, resized)
+    return _json(_encode(runtime, job, options, resized))
 
 
 @router.post(
@@ -208,7 +208,7 @@ async def classify(request: Request, runtime: ReadyRuntimeDep) -> ClassifyRespon
     response_model=BatchResponse,
     responses={400: {}, 404: {}, 413: {}, 415: {}, 422: {}, 429: {}, 503: {}, 504: {}},
 )
-async def classify_batch(request: Request, runtime: ReadyRuntimeDep) -> BatchResponse:
+async def classify_batch(request: Request, runtime: ReadyRuntimeDep) -> Response:
     """Classify several images under one deadline; each is planned and may be batched with others."""
     arrival = request.scope["state"]["arrival"]
     if _media_type(request) != "application/json":
@@ -235,4 +235,9 @@ async def classify_batch(request: Request, runtime: ReadyRuntimeDep) -> BatchRes
         _count_rejection(runtime, body, e)
         raise
     await _await_jobs(request, runtime, jobs, futures)
-    return BatchResponse(results=[_encode(runtime, j, body, r) for j, (_, r) in zip(jobs, inputs, strict=True)])
+    return _json(BatchResponse(results=[_encode(runtime, j, body, r) for j, (_, r) in zip(jobs, inputs, strict=True)]))
+
+
+def _json(body: BaseModel) -> Response:
+    """The response, serialized once: returning the model would have FastAPI validate it a second time."""
+    return Response(body.model_dump_json(), media_type="application/json")
