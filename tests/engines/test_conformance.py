@@ -17,6 +17,13 @@ from models.checkpoint import Checkpoint
 from models.data import FashionMNIST
 
 
+@pytest.fixture(scope="module")
+def images(fmnist: FashionMNIST, default_checkpoint: Checkpoint) -> tuple[np.ndarray, np.ndarray]:
+    """The first 1,000 test images, normalized, and their labels."""
+    test = fmnist.split("test").head(1000)
+    return default_checkpoint.preprocess.normalize(test.images), test.labels
+
+
 class EngineConformance:
     backend: Backend
     precision: Precision
@@ -31,11 +38,6 @@ class EngineConformance:
 
     def exit_engine(self, ladder_dir: Path, ladder: Ladder, k: int) -> Engine:
         return self.open(ladder_dir, ladder, f"exit{k}.{self.precision}.{self.backend}")
-
-    @pytest.fixture(scope="class")
-    def images(self, fmnist: FashionMNIST, default_checkpoint: Checkpoint) -> tuple[np.ndarray, np.ndarray]:
-        test = fmnist.split("test").head(1000)
-        return default_checkpoint.preprocess.normalize(test.images), test.labels
 
     @pytest.mark.parametrize("k", [1, 2, 3])
     def test_logits_match_torch(
