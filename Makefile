@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LADDER ?= ladders/default
 CHECKPOINT ?= models/checkpoints/resnet_exits_fmnist.pt
+MEMBERS ?= models/checkpoints/mobilenetv2_fmnist.pt models/checkpoints/vgg_fmnist.pt
 
 .PHONY: serve test data venv ladder lint bench clean
 
@@ -35,9 +36,9 @@ data:
 # redoes only the steps whose inputs changed.
 ladder: $(LADDER)/ladder.json
 
-$(LADDER)/ladder.json: $(CHECKPOINT) | $(STAMP)
+$(LADDER)/ladder.json: $(CHECKPOINT) $(MEMBERS) | $(STAMP)
 	@scripts/ensure-data.sh
-	$(BIN)/anytime build $(CHECKPOINT) --out $(LADDER)
+	$(BIN)/anytime build $(CHECKPOINT) --members $(MEMBERS) --out $(LADDER)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import itertools
 import json
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,16 @@ from calibration.data import CalibrationSet
 from calibration.quantize import CalibrationMethod, quantize_int8
 from engines.base import Backend, Engine, Precision, sha256_file
 from engines.cuts import greedy_cuts
+from engines.ensemble import (
+    FOLDS,
+    StackerKind,
+    StackerSession,
+    export_stacker,
+    fit_stacker,
+    member_features,
+    open_ensemble,
+)
+from engines.ensemble import soft_vote as soft_vote_probs
 from engines.export import ExitGraph, StageGraph, export_graph, stage_input_shape
 from engines.factory import open_engine
 from engines.manifest import (
@@ -35,13 +46,16 @@ from engines.manifest import (
     Cascade,
     CutSearch,
     EngineRecord,
+    Ensemble,
+    EnsembleTried,
     Ladder,
+    LatencyProfile,
     Rung,
     Stage,
 )
 from engines.profile import accuracy, machine_info, measure_latency, measure_peak_memory, predict_logits
 from engines.thresholds import fit_thresholds, simulate
-from models.checkpoint import Checkpoint, load_checkpoint
+from models.checkpoint import DEFAULT_CHECKPOINT, Checkpoint, load_checkpoint
 from models.data import DataSource, open_source
 from models.evaluate import count_macs
 
@@ -52,6 +66,18 @@ CPU_ENGINES = [
     (Precision.BF16, Backend.OPENVINO, Precision.FP32),  # OpenVINO runs the FP32 file in BF16
     (Precision.FP16, Backend.ONNXRUNTIME, Precision.FP16),  # the GPU file, measured here honestly
 ]
+
+
+# The ensemble members built beside the main checkpoint by default (committed; README says how they were trained).
+DEFAULT_MEMBERS = (
+    DEFAULT_CHECKPOINT.parent / "mobilenetv2_fmnist.pt",
+    DEFAULT_CHECKPOINT.parent / "vgg_fmnist.pt",
+)
+KIND_ORDER = {"exit": 0, "cut": 1, "member": 2}
+
+
+class BuildError(ValueError):
+    """Build inputs that do not fit together (e.g. a member trained with other preprocessing)."""
 
 
 @dataclass
@@ -66,6 +92,9 @@ class BuildConfig:
     max_cut_drop_pp: float = 5.0  # a cut variant this far below the full network's val accuracy is never kept
     data: str = "fashion-mnist"
     progress: bool = True
+    members: tuple[Path, ...] = DEFAULT_MEMBERS  # single-exit checkpoints for ensembles; () builds none
+    int8_max_drop_pp: float = 1.0  # a member whose INT8 rung loses more val accuracy joins ensembles in FP32
+    stacker_seed: int = 0
 
     def measuring_key(self) -> dict[str, Any]:
         return {"threads": self.threads, "batch_sizes": list(self.batch_sizes), "runs": self.runs}
@@ -76,12 +105,13 @@ class Graph:
     """One exported network: a cascade stage, a fixed exit, or a residual cut (answering at the last exit)."""
 
     name: str
-    kind: str  # "stage" | "exit" | "cut"
+    kind: str  # "stage" | "exit" | "cut" | "member"
     exit: int
     cut: tuple[str, ...] = ()
     item_shape: tuple[int, ...] = ()
     outputs: list[str] = field(default_factory=lambda: ["logits"])
     macs: int = 0
+    source: str = ""  # a member's checkpoint sha256 (other graphs come from the main checkpoint)
 
     def file(self, precision: Precision, tensorrt: bool = False) -> str:
         return f"{self.name}.{precision}{'.trt' if tensorrt else ''}.onnx"
@@ -142,12 +172,28 @@ class Builder:
         self.measured = MeasurementCache(self.out, {**config.measuring_key(), "splits": self.ckpt.splits})
         self.versions = {"torch": str(torch.__version__), "onnx": onnx.__version__, **_backend_versions()}
         self.val, self.test = self.source.split("val"), self.source.split("test")
+        self.members = {p.stem: self._load_member(p) for p in config.members}
         torch.set_num_threads(config.threads)
         torch.set_flush_denormal(True)
 
     # -- helpers -------------------------------------------------------------------------------------
+    def _load_member(self, path: Path) -> tuple[Checkpoint, Artifact, torch.nn.Module]:
+        """A member checkpoint: checked against the data, and fed exactly the main model's input."""
+        ckpt = load_checkpoint(path, self.source)
+        model = ckpt.build_model()
+        if getattr(model, "num_stages", 1) != 1:
+            raise BuildError(f"member {path} has {model.num_stages} exits; members answer with one")
+        if ckpt.preprocess != self.spec or ckpt.class_names != self.ckpt.class_names:
+            raise BuildError(f"member {path} was trained with other preprocessing or classes than the main model")
+        return ckpt, _artifact(Path(path), Path(path).resolve().parent), model
+
     def _key(self, **extra: Any) -> dict[str, Any]:
         return {"checkpoint": self.ckpt_artifact.sha256, "versions": self.versions, **extra}
+
+    def _graph_key(self, g: Graph, **extra: Any) -> dict[str, Any]:
+        """A member graph depends on its own checkpoint only, so retraining the main model keeps it."""
+        graph = {k: v for k, v in asdict(g).items() if k != "source" or v}  # keys of older builds stay valid
+        return {**self._key(graph=graph, **extra), "checkpoint": g.source or self.ckpt_artifact.sha256}
 
     def _bar(self, items: list[Any], desc: str) -> Any:
         return tqdm(items, desc=desc, disable=not self.config.progress)
@@ -182,19 +228,28 @@ class Builder:
             g.macs = count_macs(self.module(g), torch.zeros(1, *g.item_shape))
         return graphs
 
+    def member_graphs(self) -> list[Graph]:
+        shape = tuple(self.spec.input_shape)
+        graphs = [Graph(name, "member", 1, (), shape, source=art.sha256) for name, (_, art, _) in self.members.items()]
+        for g in graphs:
+            g.macs = count_macs(self.module(g), torch.zeros(1, *shape))
+        return graphs
+
     def module(self, g: Graph) -> torch.nn.Module:
+        if g.kind == "member":
+            return self.members[g.name][2]
         return StageGraph(self.model, g.exit) if g.kind == "stage" else ExitGraph(self.model, g.exit, g.cut)
 
     def export(self, graphs: list[Graph]) -> None:
         for g in self._bar(graphs, "export ONNX"):
             path = self.out / g.file(Precision.FP32)
-            key = self._key(graph=asdict(g), step="export")
+            key = self._graph_key(g, step="export")
             if not self.cache.fresh(path, key):
                 export_graph(self.module(g), g.item_shape, path, g.outputs)
                 self.cache.record(path, key)
             fp16 = self.out / g.file(Precision.FP16)
-            key16 = self._key(graph=asdict(g), step="fp16", source=sha256_file(path))
-            if g.kind != "stage" and not self.cache.fresh(fp16, key16):
+            key16 = self._graph_key(g, step="fp16", source=sha256_file(path))
+            if g.kind not in ("stage", "member") and not self.cache.fresh(fp16, key16):
                 half = float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
                 onnx.save(half, str(fp16))
                 self.cache.record(fp16, key16)
@@ -225,7 +280,7 @@ class Builder:
         cpu = cpu_path or self.out / g.file(Precision.INT8)
         trt = None if cpu_path else self.out / g.file(Precision.INT8, tensorrt=True)
         calib = self.calibration_set(g)
-        key = self._key(step="int8", source=sha256_file(fp32), method=str(method), calib=calib.record())
+        key = self._graph_key(g, step="int8", source=sha256_file(fp32), method=str(method), calib=calib.record())
         if not (self.cache.fresh(cpu, key) and (trt is None or self.cache.fresh(trt, key))):
             cache_path = self.out / "calibration" / f"{g.name}.{method}.json"
             cache_path.parent.mkdir(exist_ok=True)
@@ -301,8 +356,9 @@ class Builder:
         engine.close()
         return Rung(
             **record,
-            kind="cut" if g.kind == "cut" else "exit",
+            kind=g.kind if g.kind in ("cut", "member") else "exit",
             exit=g.exit,
+            model=self.members[g.name][0].model_name if g.kind == "member" else None,
             cut=list(g.cut),
             val_accuracy=val_acc,
             test_accuracy=test_acc,
@@ -343,6 +399,102 @@ class Builder:
         )
         return records, cascade
 
+    # -- ensembles -------------------------------------------------------------------------------------
+    def ensemble_bases(self, rungs: list[Rung], last_exit: Graph) -> list[Rung]:
+        """The main model's INT8 last exit and each member's INT8 rung; FP32 where INT8 lost too much on val."""
+        by_name = {r.name: r for r in rungs}
+        bases = []
+        for graph in [last_exit.name, *self.members]:
+            int8 = by_name[f"{graph}.{Precision.INT8}.{Backend.ONNXRUNTIME}"]
+            fp32 = by_name[f"{graph}.{Precision.FP32}.{Backend.ONNXRUNTIME}"]
+            drop_pp = (fp32.val_accuracy - int8.val_accuracy) * 100
+            if drop_pp > self.config.int8_max_drop_pp:
+                self._log(f"{graph}: INT8 loses {drop_pp:.2f} pp on val (> {self.config.int8_max_drop_pp}); FP32 joins")
+            bases.append(fp32 if drop_pp > self.config.int8_max_drop_pp else int8)
+        return bases
+
+    def member_logits(self, rung: Rung) -> tuple[np.ndarray, np.ndarray]:
+        """A member rung's val and test logits."""
+        engine = open_engine(rung.backend, self.out / rung.artifact.path, rung.precision, self.config.threads)
+        logits = predict_logits(engine, self.val, self.spec), predict_logits(engine, self.test, self.spec)
+        engine.close()
+        return logits
+
+    def ensembles(self, rungs: list[Rung], last_exit: Graph) -> list[Ensemble]:
+        """Every combination of two or more bases, each with its stacker fitted and measured end to end."""
+        if not self.members:
+            return []
+        bases = self.ensemble_bases(rungs, last_exit)
+        logits = {r.name: self.member_logits(r) for r in self._bar(bases, "member outputs")}
+        combos = [list(c) for n in range(2, len(bases) + 1) for c in itertools.combinations(bases, n)]
+        by_name = {r.name: r for r in rungs}
+        return [self.ensemble(c, logits, by_name) for c in self._bar(combos, "fit and measure ensembles")]
+
+    def stacker(self, name: str, members: list[Rung], features: np.ndarray) -> tuple[Path, dict[str, Any]]:
+        """Fit (LR or MLP by CV on val) and export one stacker; reused while its members and val are unchanged."""
+        path, report_path = self.out / f"{name}.stacker.onnx", self.out / f"{name}.stacker.json"
+        key = {
+            "step": "stacker",
+            "members": [m.artifact.sha256 for m in members],
+            "val": self.val.fingerprint,
+            "seed": self.config.stacker_seed,
+            "folds": FOLDS,
+            "versions": {**self.versions, **_stacker_versions()},
+        }
+        if self.cache.fresh(path, key) and self.cache.fresh(report_path, key):
+            report: dict[str, Any] = json.loads(report_path.read_text())
+            return path, report
+        fit = fit_stacker(features, self.val.labels, self.config.stacker_seed)
+        export_stacker(fit.estimator, features.shape[1], path)
+        report = {"kind": str(fit.kind), "cv_accuracy": fit.cv_accuracy}
+        report_path.write_text(json.dumps(report, indent=1))
+        self.cache.record(path, key)
+        self.cache.record(report_path, key)
+        return path, report
+
+    def ensemble(
+        self, members: list[Rung], logits: dict[str, tuple[np.ndarray, np.ndarray]], rungs: dict[str, Rung]
+    ) -> Ensemble:
+        precision = Precision.INT8 if all(m.precision is Precision.INT8 for m in members) else Precision.FP32
+        name = "ensemble." + "+".join(m.name.split(".")[0] for m in members) + f".{precision}.{Backend.ONNXRUNTIME}"
+        val_logits, test_logits = [logits[m.name][0] for m in members], [logits[m.name][1] for m in members]
+        path, report = self.stacker(name, members, member_features(val_logits))
+        kind, num_classes = StackerKind(report["kind"]), len(self.ckpt.class_names)
+        session = StackerSession(path, None, kind, len(members) * num_classes, num_classes)
+        record = Ensemble(
+            name=name,
+            precision=precision,
+            backend=Backend.ONNXRUNTIME,
+            artifact=_artifact(path, self.out),
+            input_shape=members[0].input_shape,
+            outputs=["logits"],
+            profiles=[],
+            macs=sum(m.macs for m in members),
+            peak_memory_bytes=0,
+            members=[m.name for m in members],
+            stacker=str(kind),  # type: ignore[arg-type]
+            stacker_cv_accuracy=report["cv_accuracy"],
+            fit_split="val",
+            fit_fingerprint=self.val.fingerprint,
+            val_accuracy=report["cv_accuracy"][str(kind)],
+            test_accuracy=accuracy(session.predict_proba(member_features(test_logits)), self.test.labels),
+            soft_vote_val_accuracy=accuracy(soft_vote_probs(val_logits), self.val.labels),
+            soft_vote_test_accuracy=accuracy(soft_vote_probs(test_logits), self.test.labels),
+        )
+        engine, record.peak_memory_bytes = measure_peak_memory(
+            lambda: open_ensemble(self.out, record, rungs, num_classes, self.config.threads)
+        )
+        # Its timing depends on the stacker and every member file.
+        sha = hashlib.sha256(" ".join([record.artifact.sha256, *(m.artifact.sha256 for m in members)]).encode())
+        known = self.measured.get(name, sha.hexdigest())
+        if "profiles" in known:
+            record.profiles = [LatencyProfile(**p) for p in known["profiles"]]
+        else:
+            record.profiles = [measure_latency(engine, b, self.config.runs) for b in self.config.batch_sizes]
+            self.measured.put(name, sha.hexdigest(), profiles=[p.model_dump() for p in record.profiles])
+        engine.close()
+        return record
+
     # -- the whole build -------------------------------------------------------------------------------
     def build(self) -> Ladder:
         start = time.perf_counter()
@@ -359,20 +511,25 @@ class Builder:
         answering = [g for g in answering if g.kind == "exit" or g.name in kept]
         calibration = self.choose_method(by_kind["exit"][-1])
         method = CalibrationMethod(calibration.method)
-        for g in self._bar(by_kind["stage"] + answering, "quantize INT8"):
+        members = self.member_graphs()
+        self.export(members)
+        for g in self._bar(by_kind["stage"] + answering + members, "quantize INT8"):
             self.quantize(g, method)
         rungs = fp32 + [
             self.rung(g, *spec) for g in self._bar(answering, "measure other rungs") for spec in CPU_ENGINES[1:]
         ]
-        rungs.sort(key=lambda r: (r.kind != "exit", r.name))  # exits first, then cuts; by name
-        mark_dominated(rungs)
+        # Members get the precisions ensembles use (FP32 and INT8), measured like any rung.
+        rungs += [self.rung(g, *spec) for g in self._bar(members, "measure member rungs") for spec in CPU_ENGINES[:2]]
+        rungs.sort(key=lambda r: (KIND_ORDER[r.kind], r.name))  # exits, then cuts, then members; by name
+        ensembles, tried = _keep_pareto_ensembles(rungs, self.ensembles(rungs, by_kind["exit"][-1]))
         stages, cascades = [], []
         for spec in self._bar([s for s in CPU_ENGINES if s[0] is not Precision.FP16], "measure cascades"):
             recs, cascade = self.cascade(by_kind["stage"], *spec)
             stages += recs
             cascades.append(cascade)
         trt_sources = [
-            _artifact(self.out / g.file(Precision.INT8, tensorrt=True), self.out) for g in by_kind["stage"] + answering
+            _artifact(self.out / g.file(Precision.INT8, tensorrt=True), self.out)
+            for g in by_kind["stage"] + answering + members
         ]
         ladder = Ladder(
             created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -386,12 +543,14 @@ class Builder:
             threads=self.config.threads,
             measuring=self.config.measuring_key(),
             machine=machine_info(),
-            software=self.versions,
+            software={**self.versions, **(_stacker_versions() if ensembles else {})},
             calibration=calibration,
             cut_search=CutSearch(steps=steps, kept=kept),
             stages=stages,
             cascades=cascades,
             rungs=rungs,
+            ensembles=ensembles,
+            ensemble_search=tried,
             tensorrt_sources=trt_sources,
             build_seconds=time.perf_counter() - start,
         )
@@ -427,14 +586,36 @@ def _keep_pareto_cuts(fp32: list[Rung], min_cuts: int, max_drop_pp: float) -> tu
     return [r for r in fp32 if r.kind != "cut" or r.name.split(".")[0] in graphs], sorted(graphs)
 
 
-def _dominates(a: Rung, b: Rung) -> bool:
+def _keep_pareto_ensembles(rungs: list[Rung], ensembles: list[Ensemble]) -> tuple[list[Ensemble], list[EnsembleTried]]:
+    """Keep the ensembles that no rung or other ensemble dominates; mark dominance over what is kept."""
+    mark_dominated([*rungs, *ensembles])
+    tried = [
+        EnsembleTried(
+            name=e.name,
+            members=e.members,
+            stacker=e.stacker,
+            val_accuracy=e.val_accuracy,
+            test_accuracy=e.test_accuracy,
+            soft_vote_test_accuracy=e.soft_vote_test_accuracy,
+            p50_ms_batch1=e.profile(1).p50_ms,
+            kept=not e.dominated,
+            dominated_by=e.dominated_by,
+        )
+        for e in ensembles
+    ]
+    kept = [e for e in ensembles if not e.dominated]
+    mark_dominated([*rungs, *kept])  # so every dominated_by names a record in the ladder
+    return kept, tried
+
+
+def _dominates(a: Rung | Ensemble, b: Rung | Ensemble) -> bool:
     """a is at least as accurate on val and no slower (p50) at every measured batch size, and better somewhere."""
     faster = all(a.profile(p.batch).p50_ms <= p.p50_ms for p in b.profiles)
     strictly = a.val_accuracy > b.val_accuracy or any(a.profile(p.batch).p50_ms < p.p50_ms for p in b.profiles)
     return a.val_accuracy >= b.val_accuracy and faster and strictly
 
 
-def mark_dominated(rungs: list[Rung]) -> None:
+def mark_dominated(rungs: Sequence[Rung | Ensemble]) -> None:
     for r in rungs:
         better = [o for o in rungs if o is not r and _dominates(o, r)]
         r.dominated = bool(better)
@@ -457,6 +638,13 @@ def _backend_versions() -> dict[str, str]:
         "python": platform.python_version(),
         "numpy": np.__version__,
     }
+
+
+def _stacker_versions() -> dict[str, str]:
+    import skl2onnx
+    import sklearn
+
+    return {"scikit-learn": sklearn.__version__, "skl2onnx": skl2onnx.__version__}
 
 
 def build_ladder(checkpoint: Path, out: Path, config: BuildConfig | None = None) -> Ladder:

@@ -55,14 +55,49 @@ class EngineRecord(_Model):
 
 
 class Rung(EngineRecord):
-    """One way to answer: a fixed exit or a residual cut, in one precision on one backend."""
+    """One way to answer: a fixed exit, a residual cut or an ensemble member, in one precision on one backend."""
 
-    kind: Literal["exit", "cut"]
+    kind: Literal["exit", "cut", "member"]
     exit: int
+    model: str | None = None  # a member's registered model name (exits and cuts are the ladder's `model`)
     cut: list[str] = Field(default_factory=list)
     val_accuracy: float
     test_accuracy: float
     dominated: bool = False  # slower and no more accurate than another rung: skipped by default
+    dominated_by: str | None = None
+
+
+class Ensemble(EngineRecord):
+    """Member rungs run concurrently, their probabilities combined by a stacker fitted on `fit_split`.
+
+    The artifact is the stacker (ONNX from skl2onnx); the profiles time the whole ensemble end to end.
+    """
+
+    kind: Literal["ensemble"] = "ensemble"
+    members: list[str]  # rung names, in the stacker's input order
+    stacker: Literal["logistic_regression", "mlp"]
+    stacker_cv_accuracy: dict[str, float]  # each candidate's out-of-fold accuracy on the fit split
+    fit_split: str
+    fit_fingerprint: str
+    val_accuracy: float  # out-of-fold (cross-validated) on val: the stacker itself is fitted on val
+    test_accuracy: float
+    soft_vote_val_accuracy: float  # the baseline: mean of the members' probabilities
+    soft_vote_test_accuracy: float
+    dominated: bool = False
+    dominated_by: str | None = None
+
+
+class EnsembleTried(_Model):
+    """One ensemble the builder fitted and measured; only those on the accuracy/latency front are kept."""
+
+    name: str
+    members: list[str]
+    stacker: str
+    val_accuracy: float
+    test_accuracy: float
+    soft_vote_test_accuracy: float
+    p50_ms_batch1: float
+    kept: bool
     dominated_by: str | None = None
 
 
@@ -123,6 +158,8 @@ class Ladder(_Model):
     stages: list[Stage]
     cascades: list[Cascade]
     rungs: list[Rung]
+    ensembles: list[Ensemble] = Field(default_factory=list)
+    ensemble_search: list[EnsembleTried] = Field(default_factory=list)
     tensorrt_sources: list[Artifact] = Field(default_factory=list)  # symmetric QDQ ONNX for TensorRT plans
     build_seconds: float = 0.0
 
@@ -130,6 +167,12 @@ class Ladder(_Model):
         for r in self.rungs:
             if r.name == name:
                 return r
+        raise KeyError(name)
+
+    def ensemble(self, name: str) -> Ensemble:
+        for e in self.ensembles:
+            if e.name == name:
+                return e
         raise KeyError(name)
 
     def stage(self, name: str) -> Stage:
@@ -165,9 +208,9 @@ def load_ladder(directory: Path, verify: bool = True) -> Ladder:
     if ladder.schema_version != SCHEMA_VERSION:
         raise ManifestError(f"{path}: schema {ladder.schema_version}, this code reads {SCHEMA_VERSION}")
     if verify:
-        for record in [*ladder.stages, *ladder.rungs]:
+        for record in [*ladder.stages, *ladder.rungs, *ladder.ensembles]:
             verify_artifact(Path(directory) / record.artifact.path, record.artifact.sha256)
     return ladder
 
 
-__all__ = ["ArtifactError", "Ladder", "ManifestError", "load_ladder"]
+__all__ = ["ArtifactError", "Ensemble", "Ladder", "ManifestError", "load_ladder"]

@@ -89,8 +89,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 def cmd_build(args: argparse.Namespace) -> None:
     from calibration.quantize import CalibrationMethod
-    from engines.build import BuildConfig, build_ladder
+    from engines.build import DEFAULT_MEMBERS, BuildConfig, build_ladder
 
+    members = DEFAULT_MEMBERS if args.members is None else tuple(args.members)
+    missing = [str(p) for p in members if not p.is_file()]
+    if missing:
+        raise UsageError(f"no member checkpoint at {', '.join(missing)}")
     config = BuildConfig(
         threads=args.threads,
         calib_samples=args.calib_samples,
@@ -99,13 +103,14 @@ def cmd_build(args: argparse.Namespace) -> None:
         accuracy_bound_pp=args.bound_pp,
         data=args.data,
         progress=not args.quiet,
+        members=members,
     )
     if not args.checkpoint.is_file():
         raise UsageError(f"no checkpoint at {args.checkpoint}")
     ladder = build_ladder(args.checkpoint, args.out, config)
     print(
         f"wrote {args.out / 'ladder.json'}: {len(ladder.rungs)} rungs, {len(ladder.stages)} stages, "
-        f"{len(ladder.cascades)} cascades in {ladder.build_seconds:.0f} s"
+        f"{len(ladder.cascades)} cascades, {len(ladder.ensembles)} ensembles in {ladder.build_seconds:.0f} s"
     )
     print(ladder_table(ladder))
 
@@ -119,6 +124,15 @@ def ladder_table(ladder) -> str:  # type: ignore[no-untyped-def]
         lines.append(
             f"{r.name:<34} {r.val_accuracy:>7.2%} {r.test_accuracy:>7.2%} {b1.p50_ms:>10.3f} "
             f"{b1.p99_ms:>8.3f} {b32.p50_ms:>8.3f} {r.artifact.bytes / 1e6:>6.2f}  {note}"
+        )
+    for e in ladder.ensembles:
+        b1, b32 = e.profile(1), e.profile(32)
+        note = f"{e.stacker}, soft vote {e.soft_vote_test_accuracy:.2%}" + (
+            f", dominated by {e.dominated_by}" if e.dominated else ""
+        )
+        lines.append(
+            f"{e.name:<34} {e.val_accuracy:>7.2%} {e.test_accuracy:>7.2%} {b1.p50_ms:>10.3f} "
+            f"{b1.p99_ms:>8.3f} {b32.p50_ms:>8.3f} {e.artifact.bytes / 1e6:>6.2f}  {note}"
         )
     for c in ladder.cascades:
         shares = "/".join(f"{s:.2f}" for s in c.expected_exit_share)
@@ -311,6 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--runs", type=_positive, default=200, help="timed runs per latency profile")
     p.add_argument("--bound-pp", type=float, default=0.5, help="cascade accuracy bound vs the last exit (pp)")
+    p.add_argument(
+        "--members",
+        type=Path,
+        nargs="*",
+        help="single-exit checkpoints to build as ensemble members (default: the committed MobileNetV2 and "
+        "VGG; none: no ensembles)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_build)
 

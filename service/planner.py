@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from engines.manifest import Cascade, Ladder, Rung
+from engines.manifest import Cascade, Ensemble, Ladder, Rung
 from service.errors import DeadlineInfeasible, UnknownRung
 from service.predictor import LatencyPredictor
 
@@ -35,15 +35,17 @@ class Planner:
         self, ladder: Ladder, predictor: LatencyPredictor, margin_ms: float, include_dominated: bool = False
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
-        self.rungs = {r.name: r for r in ladder.rungs}
-        candidates = [r for r in ladder.rungs if include_dominated or not r.dominated]
+        # Ensembles are rungs like any other: a static plan or a fixed request may name one.
+        answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
+        self.rungs = {r.name: r for r in answers}
+        candidates = [r for r in self.rungs.values() if include_dominated or not r.dominated]
         self.static = sorted(candidates, key=lambda r: -r.val_accuracy)
         self.cascades = sorted(ladder.cascades, key=lambda c: -c.val_accuracy)
 
     def fits(self, engines: list[str], time_left_ms: float, wait_ms: float) -> bool:
         return wait_ms + sum(self.predictor.predict(e) for e in engines) + self.margin_ms <= time_left_ms
 
-    def _rung_plan(self, policy: Policy, rung: Rung) -> Plan:
+    def _rung_plan(self, policy: Policy, rung: Rung | Ensemble) -> Plan:
         return Plan(policy, rung.name, [rung.name])
 
     def _cascade_plan(self, cascade: Cascade) -> Plan:
@@ -61,7 +63,7 @@ class Planner:
         plan = min(plans, key=lambda p: self.predictor.predict(p.engines[0]))
         return plan, self.predictor.predict(plan.engines[0])
 
-    def _named(self, rung: str | None) -> Rung:
+    def _named(self, rung: str | None) -> Rung | Ensemble:
         if rung is None or rung not in self.rungs:
             raise UnknownRung(f"unknown rung {rung!r}; see GET /v1/ladder for the rungs", rung=rung)
         return self.rungs[rung]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engines.base import Engine
 from engines.factory import open_engine
-from engines.manifest import EngineRecord, Ladder, load_ladder
+from engines.manifest import EngineRecord, Ensemble, Ladder, load_ladder
 from models.data import PreprocessSpec
 from service.config import Settings
 from service.metrics import Metrics
@@ -24,7 +24,9 @@ class Runtime:
         self.settings, self.metrics = settings, metrics
         self.ladder: Ladder = load_ladder(settings.ladder)  # checks every artefact's sha256
         self.spec = PreprocessSpec.from_dict(self.ladder.preprocess)
-        self.records: dict[str, EngineRecord] = {r.name: r for r in [*self.ladder.stages, *self.ladder.rungs]}
+        self.records: dict[str, EngineRecord] = {
+            r.name: r for r in [*self.ladder.stages, *self.ladder.rungs, *self.ladder.ensembles]
+        }
         self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
         self.planner = Planner(self.ladder, self.predictor, settings.safety_margin_ms, settings.include_dominated)
         self.engines: dict[str, Engine] = {}
@@ -53,13 +55,7 @@ class Runtime:
             for name, record in self.records.items():
                 if self._closing.is_set():  # shut down while loading: stop between engines
                     return
-                engine = open_engine(
-                    record.backend,
-                    Path(self.settings.ladder) / record.artifact.path,
-                    record.precision,
-                    self.settings.threads,
-                    record.artifact.sha256,
-                )
+                engine = self._open(record)
                 engine.warmup((1, 8), runs=self.settings.warmup_runs)
                 self.engines[name] = engine
             self.scheduler.start()
@@ -68,6 +64,21 @@ class Runtime:
         except Exception as e:
             self.failed = f"{type(e).__name__}: {e}"
             log.exception("loading the ladder failed")
+
+    def _open(self, record: EngineRecord) -> Engine:
+        directory = Path(self.settings.ladder)
+        if isinstance(record, Ensemble):
+            from engines.ensemble import open_ensemble
+
+            rungs = {r.name: r for r in self.ladder.rungs}
+            return open_ensemble(directory, record, rungs, len(self.ladder.class_names), self.settings.threads)
+        return open_engine(
+            record.backend,
+            directory / record.artifact.path,
+            record.precision,
+            self.settings.threads,
+            record.artifact.sha256,
+        )
 
     def close(self) -> None:
         # A loader still inside a backend call must finish it first: native threads torn down under it abort.

@@ -40,10 +40,10 @@ class ClassifyResponse(BaseModel):
     top_k: list[TopK]
     rung: str
     policy: Policy
-    exit: int
+    exit: int = Field(..., description="the exit that answered; 0 for an ensemble")
     precision: str
     backend: str
-    members: list[str] = Field(default_factory=list)
+    members: list[str] = Field(default_factory=list, description="an ensemble's member rungs; empty otherwise")
     entropy: float
     stages_run: int
     batch_sizes: list[int]

@@ -53,7 +53,8 @@ def test_loose_deadline_gets_the_most_accurate_answer(
     client: httpx.Client, default_ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
     body = _classify(client, test_images[0][0], 5000, policy="static").json()
-    best = max((r for r in default_ladder.rungs if not r.dominated), key=lambda r: r.val_accuracy)
+    answers = [*default_ladder.rungs, *default_ladder.ensembles]  # ensembles are rungs too
+    best = max((r for r in answers if not r.dominated), key=lambda r: r.val_accuracy)
     assert body["rung"] == best.name and body["deadline_met"]
     body = _classify(client, test_images[0][0], 5000, policy="fixed", rung="exit3.fp32.onnxruntime").json()
     assert body["exit"] == 3 and body["precision"] == "fp32" and body["deadline_met"]

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from engines.manifest import Rung, Stage
+from engines.manifest import Ensemble, Rung, Stage
 from engines.thresholds import softmax
 from service.deps import ReadyRuntimeDep
 from service.errors import ApiError, BadImage, DeadlineExpired, InvalidRequest, UnsupportedMediaType
@@ -164,6 +164,7 @@ def _encode(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
         exit=int(exit_k),
         precision=str(record.precision),
         backend=str(record.backend),
+        members=list(record.members) if isinstance(record, Ensemble) else [],
         entropy=job.entropy,
         stages_run=job.step,
         batch_sizes=job.batch_sizes,

@@ -11,5 +11,5 @@ router = APIRouter(prefix="/v1", tags=["ladder"])
 
 @router.get("/ladder")
 def get_ladder(runtime: RuntimeDep) -> dict[str, Any]:
-    """The rungs, stages, cascades with their measured profiles and thresholds, as the builder wrote them."""
+    """Rungs, ensembles (with members and stacker), stages and cascades with profiles, as the builder wrote them."""
     return runtime.ladder.model_dump(mode="json")

@@ -1,0 +1,201 @@
+"""Ensemble rungs: member engines run concurrently, a scikit-learn stacker (ONNX) combines their probabilities.
+
+The stacker is fitted on the val split from the members' outputs, chosen between logistic regression and an
+MLP by cross-validated accuracy, exported with skl2onnx and run by ONNX Runtime: nothing is unpickled, and a
+stacker file is refused unless its sha256 matches the manifest and its graph is a classifier of the expected
+form (inputs, outputs, operator types).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engines.base import ArtifactError, Backend, Engine, EngineBase, Precision, verify_artifact
+from engines.manifest import Ensemble, Rung
+from engines.thresholds import softmax
+
+STACKER_INPUT = "member_probabilities"
+STACKER_OUTPUTS = ("label", "probabilities")
+FOLDS = 5
+
+
+class StackerKind(StrEnum):
+    LOGISTIC = "logistic_regression"
+    MLP = "mlp"
+
+
+# Exactly the operators skl2onnx emits for each kind (no ZipMap); a graph with any other (a tree ensemble, a
+# network, a stacker of the other kind) is not the stacker the manifest describes.
+STACKER_OPS = {
+    StackerKind.LOGISTIC: frozenset({"LinearClassifier", "Normalizer"}),
+    StackerKind.MLP: frozenset(
+        {"MatMul", "Add", "Relu", "Softmax", "ArgMax", "ArrayFeatureExtractor", "Cast", "Identity", "Reshape"}
+    ),
+}
+
+
+class StackerError(ArtifactError):
+    """A stacker file that is not the classifier graph the manifest describes."""
+
+
+def member_features(member_logits: list[np.ndarray]) -> np.ndarray:
+    """The stacker's input: each member's softmax probabilities, side by side in member order (float32)."""
+    return np.concatenate([softmax(np.asarray(z, np.float32)) for z in member_logits], axis=1).astype(np.float32)
+
+
+def soft_vote(member_logits: list[np.ndarray]) -> np.ndarray:
+    """The simple baseline: the mean of the members' probabilities."""
+    return np.mean([softmax(np.asarray(z, np.float64)) for z in member_logits], axis=0)
+
+
+def _candidate(kind: StackerKind, seed: int) -> Any:
+    if kind is StackerKind.LOGISTIC:
+        from sklearn.linear_model import LogisticRegression
+
+        return LogisticRegression(C=1.0, max_iter=2000)
+    from sklearn.neural_network import MLPClassifier
+
+    return MLPClassifier(hidden_layer_sizes=(64,), alpha=1e-3, max_iter=300, random_state=seed)
+
+
+@dataclass
+class StackerFit:
+    kind: StackerKind
+    estimator: Any  # the chosen candidate, fitted on all of the features
+    cv_accuracy: dict[str, float]  # each candidate's out-of-fold accuracy
+    oof_predictions: np.ndarray  # the chosen candidate's out-of-fold labels
+
+
+def fit_stacker(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> StackerFit:
+    """Choose LR or MLP by stratified k-fold accuracy (out-of-fold), then refit the winner on everything."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+    folds = StratifiedKFold(FOLDS, shuffle=True, random_state=seed)
+    oof: dict[StackerKind, np.ndarray] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # the MLP stops at max_iter; CV measures the result
+        for kind in StackerKind:
+            oof[kind] = cross_val_predict(_candidate(kind, seed), features, labels, cv=folds)
+        scores = {str(k): float((p == labels).mean()) for k, p in oof.items()}
+        best = max(StackerKind, key=lambda k: scores[str(k)])  # ties keep the first: logistic regression
+        estimator = _candidate(best, seed).fit(features, labels)
+    return StackerFit(best, estimator, scores, oof[best])
+
+
+def export_stacker(estimator: Any, n_features: int, path: Path) -> Path:
+    """skl2onnx export: float input, no ZipMap, so the graph outputs (label, float probabilities)."""
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType
+
+    onx = to_onnx(
+        estimator,
+        initial_types=[(STACKER_INPUT, FloatTensorType([None, n_features]))],
+        options={id(estimator): {"zipmap": False}},
+        target_opset={"": 18, "ai.onnx.ml": 3},
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(onx.SerializeToString())
+    return path
+
+
+def check_stacker_graph(path: Path, kind: StackerKind, n_features: int, num_classes: int) -> None:
+    """Refuse a graph that is not a `kind` stacker over `n_features` probabilities giving `num_classes`."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:  # onnx raises DecodeError and friends for files that are not ONNX protobufs
+        raise StackerError(f"{path} is not an ONNX stacker: {type(e).__name__}") from None
+    graph = model.graph
+    inputs = [(i.name, [d.dim_value or None for d in i.type.tensor_type.shape.dim]) for i in graph.input]
+    if inputs != [(STACKER_INPUT, [None, n_features])]:
+        raise StackerError(f"{path}: stacker inputs {inputs}, expected [({STACKER_INPUT!r}, [None, {n_features}])]")
+    outputs = {o.name: o.type.tensor_type for o in graph.output}
+    if tuple(outputs) != STACKER_OUTPUTS:
+        raise StackerError(f"{path}: stacker outputs {list(outputs)}, expected {list(STACKER_OUTPUTS)}")
+    probs = outputs["probabilities"]
+    if probs.elem_type != onnx.TensorProto.FLOAT or [d.dim_value for d in probs.shape.dim][1:] != [num_classes]:
+        raise StackerError(f"{path}: stacker probabilities are not float32 [N, {num_classes}]")
+    unexpected = sorted({n.op_type for n in graph.node} - STACKER_OPS[kind])
+    if unexpected:
+        raise StackerError(f"{path}: operators {unexpected} have no place in a {kind} stacker; refused")
+
+
+class StackerSession:
+    """The stacker, verified (sha256, graph form) and opened in ONNX Runtime on one thread."""
+
+    def __init__(self, path: Path, sha256: str | None, kind: StackerKind, n_features: int, num_classes: int) -> None:
+        from engines.onnxruntime import _ort, session_options
+
+        verify_artifact(path, sha256)
+        check_stacker_graph(path, StackerKind(kind), n_features, num_classes)
+        self.path = Path(path)
+        self.session = _ort().InferenceSession(str(path), session_options(1), providers=["CPUExecutionProvider"])
+
+    def predict_proba(self, features: np.ndarray) -> np.ndarray:
+        (probs,) = self.session.run(["probabilities"], {STACKER_INPUT: np.ascontiguousarray(features, np.float32)})
+        return np.asarray(probs)
+
+
+class EnsembleEngine(EngineBase):
+    """Members in a thread pool (ONNX Runtime releases the GIL), then the stacker; answers log-probabilities.
+
+    The service applies softmax to the last output, which recovers the stacker's probabilities exactly.
+    """
+
+    backend = Backend.ONNXRUNTIME
+
+    def __init__(self, members: list[Engine], stacker: StackerSession, precision: Precision) -> None:
+        if len(members) < 2:
+            raise ValueError("an ensemble needs at least two members")
+        self.members, self.stacker, self.precision = members, stacker, Precision(precision)
+        self.path = stacker.path
+        self.input_name = members[0].input_name
+        self.input_shape = tuple(getattr(members[0], "input_shape", ()))
+        self.output_names = ["logits"]
+        self._pool = ThreadPoolExecutor(len(members), thread_name_prefix="anytime-ensemble")
+
+    def member_logits(self, x: np.ndarray) -> list[np.ndarray]:
+        futures = [self._pool.submit(m.infer, x) for m in self.members]
+        return [f.result() for f in futures]
+
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
+        probs = self.stacker.predict_proba(member_features(self.member_logits(x)))
+        return [np.log(np.clip(probs, 1e-12, None)).astype(np.float32)]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for m in self.members:
+            m.close()
+
+
+def open_ensemble(
+    directory: Path, record: Ensemble, rungs: Mapping[str, Rung], num_classes: int, threads: int
+) -> EnsembleEngine:
+    """Open an ensemble rung: its member rungs with the threads split between them, and its stacker."""
+    from engines.factory import open_engine
+
+    members = [rungs[name] for name in record.members]
+    per_member = max(1, threads // len(members))
+    engines = [
+        open_engine(r.backend, Path(directory) / r.artifact.path, r.precision, per_member, r.artifact.sha256)
+        for r in members
+    ]
+    stacker = StackerSession(
+        Path(directory) / record.artifact.path,
+        record.artifact.sha256,
+        StackerKind(record.stacker),
+        len(members) * num_classes,
+        num_classes,
+    )
+    return EnsembleEngine(engines, stacker, record.precision)
