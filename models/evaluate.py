@@ -22,9 +22,14 @@ def count_macs(fn: Any, *args: Any) -> int:
 
 
 def exit_params(model: Any, k: int) -> int:
-    """Parameters that exit k's answer uses: the stem, stages 1..k and exit head k."""
-    modules = [model.stem, *model.stages[:k], model.exits[k - 1]]
+    """Parameters that exit k's answer uses: the stem, stages 1..k and exit head k (all, for one exit)."""
+    modules = [model] if model.num_stages == 1 else [model.stem, *model.stages[:k], model.exits[k - 1]]
     return sum(p.numel() for m in modules for p in m.parameters())
+
+
+def exit_fn(model: Any, k: int) -> Any:
+    """The forward pass that answers at exit k (single-exit families have only their plain forward)."""
+    return model if model.num_stages == 1 else lambda x: model(x, exit=k)
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:
@@ -58,11 +63,11 @@ def evaluate_checkpoint(ckpt: Checkpoint, source: DataSource, threads: int = 2, 
             "exit": k,
             "test_accuracy": accuracy[k - 1],
             "params": exit_params(model, k),
-            "macs": count_macs(lambda x, k=k: model(x, exit=k), torch.zeros(1, *spec.input_shape)),
+            "macs": count_macs(exit_fn(model, k), torch.zeros(1, *spec.input_shape)),
         }
         for batch in (1, 32):
             x = torch.randn(batch, *spec.input_shape)
-            row[f"torch_ms_b{batch}"] = time_call(lambda x, k=k: model(x, exit=k), x, runs)
+            row[f"torch_ms_b{batch}"] = time_call(exit_fn(model, k), x, runs)
         rows.append(row)
     lines = [
         f"checkpoint {ckpt.model_name} trained by: {ckpt.command}",

@@ -37,3 +37,13 @@ def test_bad_member_config_is_refused() -> None:
         create_model("vgg", widths=(32, 64), blocks=(1,))
     with pytest.raises(ValueError):
         create_model("mobilenetv2", setting=((6, 24, 2),))
+
+
+def test_evaluate_reports_a_member_checkpoint(fmnist: FashionMNIST) -> None:
+    from models.evaluate import evaluate_checkpoint
+
+    ckpt = load_checkpoint(DEFAULT_CHECKPOINT.parent / MEMBERS["vgg.fmnist"], fmnist)
+    report = evaluate_checkpoint(ckpt, fmnist, runs=3)
+    (row,) = report["exits"]
+    assert row["test_accuracy"] == pytest.approx(ckpt.accuracy["test"][0], abs=1e-4)
+    assert row["params"] == sum(p.numel() for p in ckpt.build_model().parameters()) and row["macs"] > 0
