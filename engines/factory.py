@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engines.base import Backend, Engine, Precision
+from engines.manifest import EngineRecord, Ensemble, Ladder
 
 
 def open_engine(
@@ -25,3 +26,14 @@ def open_engine(
 
         return TensorRTEngine(path, sha256=sha256)
     raise ValueError(f"backend {backend} has no engine file to open (the torch engine wraps a live model)")
+
+
+def open_record(directory: Path, ladder: Ladder, record: EngineRecord, threads: int = 2) -> Engine:
+    """The engine of one ladder record: a rung's or stage's file, or an ensemble with its member rungs."""
+    if isinstance(record, Ensemble):
+        from engines.ensemble import open_ensemble
+
+        rungs = {r.name: r for r in ladder.rungs}
+        return open_ensemble(directory, record, rungs, len(ladder.class_names), threads)
+    path = Path(directory) / record.artifact.path
+    return open_engine(record.backend, path, record.precision, threads, record.artifact.sha256)

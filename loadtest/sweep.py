@@ -17,8 +17,8 @@ import numpy as np
 from tqdm import tqdm
 
 from engines import profile
-from engines.factory import open_engine
-from engines.manifest import Ladder, Rung, load_ladder
+from engines.factory import open_record
+from engines.manifest import Ensemble, Ladder, Rung, load_ladder
 from loadtest.baseline import baseline_rung, running_baseline
 from loadtest.client import LoadConfig, run_load
 from loadtest.harness import running_server
@@ -44,8 +44,8 @@ class PolicySpec:
         return f"{self.label} ({self.rung})" if self.rung else self.label
 
 
-def _candidates(ladder: Ladder) -> list[Rung]:
-    return [r for r in ladder.rungs if not r.dominated]
+def _candidates(ladder: Ladder) -> list[Rung | Ensemble]:
+    return [r for r in [*ladder.rungs, *ladder.ensembles] if not r.dominated]
 
 
 def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
@@ -136,9 +136,7 @@ def rung_correct(ladder_dir: Path, ladder: Ladder, split: Split, images: np.ndar
     x, y = spec.normalize(split.images[images]), split.labels[images]
     out = {}
     for rung in _candidates(ladder):
-        engine = open_engine(
-            rung.backend, ladder_dir / rung.artifact.path, rung.precision, ladder.threads, rung.artifact.sha256
-        )
+        engine = open_record(ladder_dir, ladder, rung, ladder.threads)
         try:
             logits = np.concatenate([engine.infer(x[i : i + 250]) for i in range(0, len(x), 250)])
         finally:

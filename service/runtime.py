@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 
 from engines.base import Engine
-from engines.factory import open_engine
-from engines.manifest import EngineRecord, Ensemble, Ladder, load_ladder
+from engines.factory import open_record
+from engines.manifest import EngineRecord, Ladder, load_ladder
 from models.data import PreprocessSpec
 from service.config import Settings
 from service.metrics import Metrics
@@ -66,19 +66,7 @@ class Runtime:
             log.exception("loading the ladder failed")
 
     def _open(self, record: EngineRecord) -> Engine:
-        directory = Path(self.settings.ladder)
-        if isinstance(record, Ensemble):
-            from engines.ensemble import open_ensemble
-
-            rungs = {r.name: r for r in self.ladder.rungs}
-            return open_ensemble(directory, record, rungs, len(self.ladder.class_names), self.settings.threads)
-        return open_engine(
-            record.backend,
-            directory / record.artifact.path,
-            record.precision,
-            self.settings.threads,
-            record.artifact.sha256,
-        )
+        return open_record(Path(self.settings.ladder), self.ladder, record, self.settings.threads)
 
     def close(self) -> None:
         # A loader still inside a backend call must finish it first: native threads torn down under it abort.
