@@ -55,7 +55,7 @@ class Runtime:
             for name, record in self.records.items():
                 if self._closing.is_set():  # shut down while loading: stop between engines
                     return
-                engine = self._open(record)
+                engine = open_record(Path(self.settings.ladder), self.ladder, record, self.settings.threads)
                 engine.warmup((1, 8), runs=self.settings.warmup_runs)
                 self.engines[name] = engine
             self.scheduler.start()
@@ -64,9 +64,6 @@ class Runtime:
         except Exception as e:
             self.failed = f"{type(e).__name__}: {e}"
             log.exception("loading the ladder failed")
-
-    def _open(self, record: EngineRecord) -> Engine:
-        return open_record(Path(self.settings.ladder), self.ladder, record, self.settings.threads)
 
     def close(self) -> None:
         # A loader still inside a backend call must finish it first: native threads torn down under it abort.
