@@ -38,7 +38,7 @@ from engines.ensemble import (
     open_ensemble,
 )
 from engines.ensemble import soft_vote as soft_vote_probs
-from engines.export import ExitGraph, StageGraph, export_graph, stage_input_shape
+from engines.export import EXPORT_FORMAT, ExitGraph, StageGraph, export_graph, stage_input_shape
 from engines.factory import open_engine
 from engines.manifest import (
     Artifact,
@@ -243,7 +243,7 @@ class Builder:
     def export(self, graphs: list[Graph]) -> None:
         for g in self._bar(graphs, "export ONNX"):
             path = self.out / g.file(Precision.FP32)
-            key = self._graph_key(g, step="export")
+            key = self._graph_key(g, step="export", format=EXPORT_FORMAT)
             if not self.cache.fresh(path, key):
                 export_graph(self.module(g), g.item_shape, path, g.outputs)
                 self.cache.record(path, key)

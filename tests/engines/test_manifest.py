@@ -79,6 +79,15 @@ def test_int8_files_store_8_bit_weights(default_ladder: Ladder) -> None:
             assert rung.artifact.bytes <= bound * fp32.artifact.bytes, rung.name
 
 
+def test_engine_files_carry_no_exporter_debug_metadata(default_ladder_dir: Path, default_ladder: Ladder) -> None:
+    import onnx
+
+    for rung in default_ladder.rungs:
+        if rung.backend is Backend.ONNXRUNTIME:
+            model = onnx.load(str(default_ladder_dir / rung.artifact.path))
+            assert not [n.name for n in model.graph.node if n.metadata_props], rung.name
+
+
 def test_int8_accuracy_close_to_fp32(default_ladder: Ladder) -> None:
     for rung in default_ladder.rungs:
         if rung.precision is Precision.INT8:
