@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LADDER ?= ladders/default
 CHECKPOINT ?= models/checkpoints/resnet_exits_fmnist.pt
-MEMBERS ?= models/checkpoints/mobilenetv2_fmnist.pt models/checkpoints/vgg_fmnist.pt
+MEMBERS ?= models/checkpoints/densenet_fmnist.pt models/checkpoints/mobilenetv2_fmnist.pt \
+	models/checkpoints/vgg_fmnist.pt
 
 .PHONY: serve test data venv ladder lint bench clean
 

@@ -70,6 +70,7 @@ CPU_ENGINES = [
 
 # The ensemble members built beside the main checkpoint by default (committed; README says how they were trained).
 DEFAULT_MEMBERS = (
+    DEFAULT_CHECKPOINT.parent / "densenet_fmnist.pt",
     DEFAULT_CHECKPOINT.parent / "mobilenetv2_fmnist.pt",
     DEFAULT_CHECKPOINT.parent / "vgg_fmnist.pt",
 )

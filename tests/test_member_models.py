@@ -9,7 +9,11 @@ from models import create_model
 from models.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from models.data import FashionMNIST
 
-MEMBERS = {"mobilenetv2.fmnist": "mobilenetv2_fmnist.pt", "vgg.fmnist": "vgg_fmnist.pt"}
+MEMBERS = {
+    "densenet.fmnist": "densenet_fmnist.pt",
+    "mobilenetv2.fmnist": "mobilenetv2_fmnist.pt",
+    "vgg.fmnist": "vgg_fmnist.pt",
+}
 
 
 @pytest.mark.parametrize("name", sorted(MEMBERS))
@@ -37,6 +41,8 @@ def test_bad_member_config_is_refused() -> None:
         create_model("vgg", widths=(32, 64), blocks=(1,))
     with pytest.raises(ValueError):
         create_model("mobilenetv2", setting=((6, 24, 2),))
+    with pytest.raises(ValueError):
+        create_model("densenet", block_config=(4, 0))
 
 
 def test_evaluate_reports_a_member_checkpoint(fmnist: FashionMNIST) -> None:
