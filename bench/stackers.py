@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.ensemble import FOLDS, StackerKind, _candidate, member_features
+from engines.ensemble import FOLDS, StackerKind, _candidate, member_features, soft_vote
 from engines.factory import open_record
 from engines.manifest import load_ladder
 from engines.profile import accuracy, predict_logits
@@ -47,7 +47,7 @@ FITTED: dict[str, tuple[Callable[[list[np.ndarray]], np.ndarray], Callable[[], A
     "LR log-p": (_log_probs, _logistic(1.0)),
 }
 FIXED: dict[str, Callable[[list[np.ndarray]], np.ndarray]] = {
-    "soft vote": lambda zs: np.mean([softmax(z) for z in zs], axis=0),
+    "soft vote": soft_vote,
     "geo mean": lambda zs: np.mean([np.log(np.clip(softmax(z), 1e-12, None)) for z in zs], axis=0),
 }
 

@@ -1,6 +1,6 @@
 """torchvision's DenseNet (BC: bottleneck + compression) adapted to small grey images.
 
-A single-exit family (`num_stages = 1`): every layer sees the concatenated features of all earlier layers of
+A single-exit family (`SingleExit`): every layer sees the concatenated features of all earlier layers of
 its block, a connectivity unlike the ResNet's sums, VGG's plain stack and MobileNetV2's depthwise blocks.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
-from models.registry import register_model
+from models.registry import SingleExit, register_model
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,7 @@ class DenseNetConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
-class DenseNet(nn.Module):
-    num_stages = 1
-
+class DenseNet(SingleExit):
     def __init__(self, config: DenseNetConfig) -> None:
         super().__init__()
         from torchvision.models import densenet
@@ -58,10 +56,6 @@ class DenseNet(nn.Module):
         x = nn.functional.relu(self.features(x))
         x = nn.functional.adaptive_avg_pool2d(x, 1)
         return self.classifier(torch.flatten(x, 1))
-
-    def forward_all(self, x: Tensor) -> list[Tensor]:
-        """The one exit's logits, as a list (the training loop's multi-exit interface)."""
-        return [self.forward(x)]
 
 
 def _config(**config: object) -> DenseNetConfig:

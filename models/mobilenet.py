@@ -1,6 +1,6 @@
 """torchvision's MobileNetV2 adapted to small grey images: one input channel, a shallower stride plan.
 
-A single-exit family (`num_stages = 1`): the ensemble's depthwise member, different in kind from the ResNet.
+A single-exit family (`SingleExit`): the ensemble's depthwise member, different in kind from the ResNet.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 from torch import Tensor, nn
 
-from models.registry import register_model
+from models.registry import SingleExit, register_model
 
 # (expansion t, channels c, repeats n, first stride s) as in torchvision; three stride-2 steps in all
 # (stem included) take 28x28 to 4x4 instead of ImageNet's 32x reduction.
@@ -38,9 +38,7 @@ class MobileNetV2Config:
         return d
 
 
-class MobileNetV2(nn.Module):
-    num_stages = 1
-
+class MobileNetV2(SingleExit):
     def __init__(self, config: MobileNetV2Config) -> None:
         super().__init__()
         from torchvision.models import mobilenetv2
@@ -68,10 +66,6 @@ class MobileNetV2(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
         return self.classifier(x.flatten(1))
-
-    def forward_all(self, x: Tensor) -> list[Tensor]:
-        """The one exit's logits, as a list (the training loop's multi-exit interface)."""
-        return [self.forward(x)]
 
 
 def _config(**config: object) -> MobileNetV2Config:

@@ -5,11 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 Builder = Callable[..., nn.Module]
 
 _REGISTRY: dict[str, Builder] = {}
+
+
+class SingleExit(nn.Module):
+    """A family with one answer (an ensemble member): the multi-exit interface over its plain forward."""
+
+    num_stages = 1
+
+    def forward_all(self, x: Tensor) -> list[Tensor]:
+        """The one exit's logits, as a list (the training loop's multi-exit interface)."""
+        return [self(x)]
 
 
 def register_model(name: str) -> Callable[[Builder], Builder]:

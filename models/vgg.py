@@ -1,6 +1,6 @@
 """A small VGG-style net: stacks of 3x3 conv + BN + ReLU, max pooling between stages, an MLP-free head.
 
-A single-exit family (`num_stages = 1`), plain (no shortcuts) and wide: an ensemble member unlike the ResNet.
+A single-exit family (`SingleExit`), plain (no shortcuts) and wide: an ensemble member unlike the ResNet.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
-from models.registry import register_model
+from models.registry import SingleExit, register_model
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,7 @@ class VGGConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
-class VGG(nn.Module):
-    num_stages = 1
-
+class VGG(SingleExit):
     def __init__(self, config: VGGConfig) -> None:
         super().__init__()
         self.config = config
@@ -57,10 +55,6 @@ class VGG(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = nn.functional.adaptive_avg_pool2d(self.features(x), self.config.head_pool)
         return self.head(torch.flatten(x, 1))
-
-    def forward_all(self, x: Tensor) -> list[Tensor]:
-        """The one exit's logits, as a list (the training loop's multi-exit interface)."""
-        return [self.forward(x)]
 
 
 def _config(**config: object) -> VGGConfig:

@@ -329,8 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--members",
         type=Path,
         nargs="*",
-        help="single-exit checkpoints to build as ensemble members (default: the committed MobileNetV2 and "
-        "VGG; none: no ensembles)",
+        help="single-exit checkpoints to build as ensemble members (default: the committed DenseNet, "
+        "MobileNetV2 and VGG; none: no ensembles)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_build)
