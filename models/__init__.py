@@ -1,9 +1,17 @@
-"""Model families, the dataset interface and training."""
+"""Model families, the dataset interface and training.
 
-from models import densenet as _densenet  # noqa: F401  (each import registers its family)
-from models import mobilenet as _mobilenet  # noqa: F401
-from models import resnet_exits as _resnet_exits  # noqa: F401
-from models import vgg as _vgg  # noqa: F401
-from models.registry import create_model, list_models, register_model
+Importing the package loads no framework: the families (torch modules) register themselves the first time
+the registry is used, so the server, which needs only `models.data`, never imports torch.
+"""
+
+from typing import Any
 
 __all__ = ["create_model", "list_models", "register_model"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from models import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module 'models' has no attribute {name!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ from torch import Tensor, nn
 Builder = Callable[..., nn.Module]
 
 _REGISTRY: dict[str, Builder] = {}
+FAMILIES = ("models.densenet", "models.mobilenet", "models.resnet_exits", "models.vgg")  # each registers itself
 
 
 class SingleExit(nn.Module):
@@ -34,12 +36,19 @@ def register_model(name: str) -> Callable[[Builder], Builder]:
     return decorate
 
 
+def _load_families() -> None:
+    for module in FAMILIES:
+        importlib.import_module(module)
+
+
 def list_models() -> list[str]:
+    _load_families()
     return sorted(_REGISTRY)
 
 
 def create_model(name: str, **config: Any) -> nn.Module:
     """Build a registered model; unknown names raise a KeyError listing the known ones."""
+    _load_families()
     try:
         builder = _REGISTRY[name]
     except KeyError:
