@@ -32,25 +32,28 @@ def png_base64(image: np.ndarray) -> str:
 
 
 @contextmanager
-def running_server(ladder: Path, timeout_s: float = 120, **env: str) -> Iterator[str]:
-    """Start the server, wait for /readyz 200, yield its base URL; always stops it."""
+def running_server(ladder: Path, timeout_s: float = 120, log: Path | None = None, **env: str) -> Iterator[str]:
+    """Start the server, wait for /readyz 200, yield its base URL; always stops it. Its log goes to `log`."""
     port = free_port()
     exe = Path(sys.executable).parent / "anytime"
     with running_process(
-        [str(exe), "serve", "--ladder", str(ladder), "--port", str(port)], port, timeout_s, env
+        [str(exe), "serve", "--ladder", str(ladder), "--port", str(port)], port, timeout_s, env, log
     ) as url:
         yield url
 
 
 @contextmanager
 def running_process(
-    argv: list[str], port: int, timeout_s: float = 120, env: dict[str, str] | None = None
+    argv: list[str], port: int, timeout_s: float = 120, env: dict[str, str] | None = None, log_path: Path | None = None
 ) -> Iterator[str]:
-    """Start an HTTP server process that listens on loopback `port`, wait for /readyz 200, yield its base URL."""
+    """Start an HTTP server process that listens on loopback `port`, wait for /readyz 200, yield its base URL.
+
+    Its stdout and stderr go to `log_path` (kept), or to a temporary file.
+    """
     url = f"http://127.0.0.1:{port}"
-    # stderr goes to a file, not a pipe: a pipe nobody reads fills up under load and blocks the server.
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=log)
+    # The log goes to a file, not a pipe: a pipe nobody reads fills up under load and blocks the server.
+    log = open(log_path, "w+b") if log_path is not None else tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout_s
         with httpx.Client(base_url=url, timeout=2) as client:

@@ -17,7 +17,7 @@ import numpy as np
 
 PERCENTILES = (50, 90, 99)
 # Refused before any work was done; every other non-200 outcome is an error.
-REJECTION_CODES = frozenset({"deadline_infeasible", "queue_full", "not_ready"})
+REJECTION_CODES = frozenset({"deadline_infeasible", "queue_full", "not_ready", "shutting_down", "too_many_connections"})
 
 METHOD = (
     "throughput: 200 answers per second from the first send to the last answer; attainment: 200 answers "

@@ -61,7 +61,7 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
             rung = max(_candidates(ladder), key=lambda r: (r.val_accuracy, -r.profile(1).p99_ms))
             specs.append(PolicySpec(name, "fixed", rung.name))
         elif name == "baseline":
-            specs.append(PolicySpec(name, "baseline", baseline_rung(ladder).name, baseline=True))
+            specs.append(PolicySpec(name, "baseline", baseline_rung(ladder.model_dump(mode="json")), baseline=True))
         else:
             raise ValueError(f"unknown sweep policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     return specs
