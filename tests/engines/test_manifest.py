@@ -7,6 +7,7 @@ import pytest
 
 from calibration.quantize import check_tensorrt_form
 from engines.base import ArtifactError, Backend, Precision
+from engines.build import BuildConfig
 from engines.factory import open_engine
 from engines.manifest import Ladder, ManifestError, load_ladder
 
@@ -27,7 +28,7 @@ def test_manifest_records_what_it_must(default_ladder: Ladder) -> None:
     assert default_ladder.splits.keys() >= {"calib", "val", "test"}
     assert default_ladder.calibration.samples == 1000 and default_ladder.calibration.method
     assert {"torch", "onnxruntime", "openvino"} <= default_ladder.software.keys()
-    assert default_ladder.machine["cpu"] and default_ladder.threads == 2
+    assert default_ladder.machine["cpu"] and default_ladder.threads == BuildConfig().threads == 1
     assert len(default_ladder.cut_search.kept) >= 3
     for record in [*default_ladder.rungs, *default_ladder.stages]:
         assert sorted(p.batch for p in record.profiles) == [1, 8, 32]
