@@ -7,21 +7,27 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import orjson
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.config import Settings
-from service.errors import ApiError, PayloadTooLarge, install_error_handlers
+from service.errors import ApiError, PayloadTooLarge, TooManyConnections, install_error_handlers
 from service.metrics import Metrics
 from service.routes import classify, health, ladder
+from service.routes.docs import openapi
 from service.runtime import Runtime
 
 log = logging.getLogger("anytime")
 
 
 class StampAndLimit:
-    """ASGI middleware: stamps arrival time first thing, refuses bodies over the limit before reading them."""
+    """ASGI middleware: stamps arrival, refuses over-limit connections and oversized bodies before reading.
+
+    Arrival is when the HTTP parser began the request (service/server.py stamps it), or app entry under a
+    server that does not; from there to app entry is the event loop's backlog. Bodies without a
+    Content-Length (chunked) are held to the size limit while they are read (service/requests.py).
+    """
 
     def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
         self.app, self.limit = app, max_body_bytes
@@ -30,29 +36,37 @@ class StampAndLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        scope.setdefault("state", {})["arrival"] = time.monotonic()
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await _send_error(send, PayloadTooLarge(f"body of {int(length)} bytes is over the limit of {self.limit}"))
+        state = scope.setdefault("state", {})
+        state["entered"] = now = time.monotonic()
+        state["arrival"] = state.get("received", now)
+        if "loop_lag" in state:  # service/server.py's LoopLag: how long this one waited for the loop
+            state["loop_lag"].entered(state["arrival"], now)
+            state["metrics"].loop_lag.observe((now - state["arrival"]) * 1e3)
+        if "over_connection_limit" in state:  # set by service/server.py's protocol
+            open_now = state["over_connection_limit"]
+            error: ApiError = TooManyConnections(
+                f"{open_now} connections are open, over the limit; retry later",
+                headers={"Retry-After": "1", "Connection": "close"},
+            )
+            await send_error(send, error)
             return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:  # chunked bodies with no Content-Length
-                    raise PayloadTooLarge(f"body is over the limit of {self.limit} bytes")
-            return message
-
-        await self.app(scope, limited, send)
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if value.isdigit() and int(value) > self.limit:
+                    error = PayloadTooLarge(f"body of {int(value)} bytes is over the limit of {self.limit}")
+                    await send_error(send, error)
+                    return
+                break
+        await self.app(scope, receive, send)
 
 
-async def _send_error(send: Send, error: ApiError) -> None:
-    response = JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-    await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
-    await send({"type": "http.response.body", "body": response.body})
+async def send_error(send: Send, error: ApiError) -> None:
+    """An error answer straight to ASGI, for code that runs outside FastAPI's routes."""
+    body = orjson.dumps(error.body())
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def create_app(settings: Settings | None = None, load_in_background: bool = True) -> FastAPI:
@@ -78,7 +92,9 @@ def create_app(settings: Settings | None = None, load_in_background: bool = True
     app.state.settings, app.state.runtime, app.state.metrics = settings, runtime, metrics
 
     install_error_handlers(app)
-    for module in (classify, health, ladder):
+    app.router.routes.extend(classify.routes)  # plain ASGI routes, matched first (see routes/classify.py)
+    for module in (health, ladder):
         app.include_router(module.router)
+    app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     app.add_middleware(StampAndLimit, max_body_bytes=settings.max_body_bytes)
     return app

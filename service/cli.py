@@ -146,15 +146,21 @@ def ladder_table(ladder) -> str:  # type: ignore[no-untyped-def]
 def cmd_serve(args: argparse.Namespace) -> None:
     import logging
 
-    import uvicorn
     from pydantic import ValidationError
 
     from service.app import create_app
     from service.config import Settings
+    from service.server import serve
 
     overrides = {
         k: v
-        for k, v in {"ladder": args.ladder, "host": args.host, "port": args.port, "threads": args.threads}.items()
+        for k, v in {
+            "ladder": args.ladder,
+            "host": args.host,
+            "port": args.port,
+            "threads": args.threads,
+            "access_log": args.access_log or None,
+        }.items()
         if v is not None
     }
     try:
@@ -163,9 +169,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         first = e.errors()[0]
         raise UsageError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5
-    )
+    serve(create_app(settings), settings)
 
 
 def _positive_float(text: str) -> float:
@@ -203,6 +207,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         on_infeasible=args.on_infeasible,
         timeout_s=args.timeout,
         seed=args.seed,
+        body=args.body,
     )
     split = open_source(args.data).split("test")
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -316,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", type=Path, nargs="?", default=DEFAULT_CHECKPOINT)
     p.add_argument("--out", type=Path, default=Path("ladders/default"), help="ladder directory")
     p.add_argument("--data", default="fashion-mnist", help="fashion-mnist, fashion-mnist:DIR or folder:DIR")
-    p.add_argument("--threads", type=_positive, default=2, help="threads per engine (recorded)")
+    p.add_argument(
+        "--threads", type=_positive, default=1, help="threads per engine, measured and recorded (default: %(default)s)"
+    )
     p.add_argument("--calib-samples", type=_positive, default=1000)
     p.add_argument(
         "--calib-method",
@@ -344,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ladder", type=Path, help="ladder directory (default: ladders/default)")
     p.add_argument("--host", help="bind address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: 8000)")
-    p.add_argument("--threads", type=_positive, help="threads per engine (default: 2)")
+    p.add_argument("--threads", type=_positive, help="threads per engine (default: the ladder's)")
+    p.add_argument("--access-log", action="store_true", help="log one line per request (default: off)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(
@@ -363,6 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
     deadline.add_argument("--deadline-mix", help='deadline_ms:probability pairs, e.g. "3:0.3,10:0.5,50:0.2"')
     p.add_argument("--policy", choices=["cascade", "static", "fixed"], default="cascade")
     p.add_argument("--rung", help="the rung, with --policy fixed")
+    p.add_argument(
+        "--body",
+        choices=["json", "png"],
+        default="json",
+        help="json: base64 PNG in a JSON body; png: the PNG file as the body, options in the query string",
+    )
     _add_load_options(p, requests=1000, duration=10.0)
     p.add_argument("--out", type=Path, default=Path("reports/loadtest"), help="folder for records and summary")
     p.set_defaults(func=cmd_loadtest)

@@ -14,15 +14,26 @@ class Settings(BaseSettings):
     ladder: Path = Path("ladders/default")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    threads: int = Field(2, ge=1, le=256, description="threads per engine")
+    threads: int | None = Field(None, ge=1, le=256, description="threads per engine (default: the ladder's)")
     max_queue: int = Field(256, ge=1, description="queued requests before 429")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_batch: int = Field(32, ge=1, le=1024)
-    batch_window_ms: float = Field(0.5, ge=0, le=100, description="wait this long for batch-mates when slack allows")
     safety_margin_ms: float = Field(0.5, ge=0, le=1000)
+    inline_max_ms: float = Field(
+        0.12, ge=0, le=1, description="an idle server runs engines whose median run is this quick on the event loop"
+    )
     observed_window: int = Field(200, ge=10, description="observed service times kept per engine and batch size")
     include_dominated: bool = False
     warmup_runs: int = Field(5, ge=0)
+    # The front door (service/server.py): what a slow or greedy client may hold.
+    max_connections: int = Field(512, ge=1, description="open connections; more are answered 503 and closed")
+    keep_alive_s: int = Field(5, ge=1, description="an idle connection is closed after this long")
+    body_timeout_s: float = Field(5.0, gt=0, description="a body that takes longer to arrive is answered 408")
+    drain_timeout_s: int = Field(10, ge=1, description="on SIGTERM, in-flight work gets this long to finish")
+    shed_after_ms: float = Field(
+        2.0, gt=0, description="while the event loop is this far behind, new classify requests are refused 503"
+    )
+    access_log: bool = Field(False, description="one log line per request (off: it costs more than a fast rung)")
 
     @field_validator("ladder")
     @classmethod

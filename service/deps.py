@@ -1,4 +1,4 @@
-"""Dependencies shared by the routes."""
+"""Dependencies shared by the routes (async: a plain `def` dependency costs a thread-pool round trip)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.errors import NotReady
 from service.runtime import Runtime
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-def ready_runtime(request: Request) -> Runtime:
-    runtime: Runtime = request.app.state.runtime
-    if not runtime.ready.is_set():
-        raise NotReady("the ladder is still loading", headers={"Retry-After": "1"})
-    return runtime
-
-
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-ReadyRuntimeDep = Annotated[Runtime, Depends(ready_runtime)]

@@ -61,6 +61,32 @@ class DeadlineExpired(ApiError):
     status, code = 504, "deadline_expired"
 
 
+class BodyTimeout(ApiError):
+    status, code = 408, "body_timeout"
+
+
+class ShuttingDown(ApiError):
+    status, code = 503, "shutting_down"
+
+
+class Overloaded(ApiError):
+    status, code = 503, "overloaded"
+
+
+class TooManyConnections(ApiError):
+    status, code = 503, "too_many_connections"
+
+
+class InternalError(ApiError):
+    """A real fault inside the server; its traceback is logged where it happened."""
+
+    status, code = 500, "internal_error"
+
+
+class ClientGone(Exception):
+    """The client disconnected: a normal event, answered with nothing and counted, never logged as an error."""
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Every error leaves as JSON {code, message}; unexpected ones are logged and answered with a bare 500."""
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from service.timing import PhaseHistograms
+
 _MS_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 200, 500, 1000, 5000)
 
 
@@ -31,6 +33,12 @@ class Metrics:
             "anytime_batch_size", "Items per engine run", ["engine"], buckets=(1, 2, 4, 8, 16, 32, 64), registry=r
         )
         self.depth = Gauge("anytime_queue_depth", "Accepted requests not yet answered", registry=r)
+        self.loop_lag = Histogram(
+            "anytime_loop_lag_ms",
+            "How long each request waited from its parsing to the app starting it (the event loop's backlog)",
+            buckets=(0.05, 0.1, 0.2, 0.5, 1, 1.5, 2, 3, 5, 10, 20, 50),
+            registry=r,
+        )
         self.prediction_error = Histogram(
             "anytime_prediction_error_ms",
             "Observed minus predicted service time",
@@ -38,6 +46,13 @@ class Metrics:
             buckets=(-5, -2, -1, -0.5, -0.2, 0, 0.2, 0.5, 1, 2, 5, 20),
             registry=r,
         )
+        self.disconnects = Counter(
+            "anytime_disconnects_total",
+            "Clients that left before their answer, by where the request was (receive, queued, running)",
+            ["where"],
+            registry=r,
+        )
+        self.phases = PhaseHistograms(r)
 
     def observe_batch(self, engine: str, size: int, error_ms: float) -> None:
         self.batch.labels(engine).observe(size)

@@ -92,10 +92,12 @@ class Planner:
         if on_infeasible is OnInfeasible.BEST_EFFORT:
             fastest.feasible = False
             return fastest
+        margin = self.margin_ms
+        needs = wait_ms + first_ms + margin
         raise DeadlineInfeasible(
-            f"no plan can answer within {time_left_ms:.2f} ms: the fastest needs about "
-            f"{wait_ms + first_ms + self.margin_ms:.2f} ms with the current queue",
-            fastest_ms=round(wait_ms + first_ms + self.margin_ms, 3),
+            f"no plan can answer within {time_left_ms:.2f} ms: the fastest needs about {needs:.2f} ms (queue "
+            f"{wait_ms:.2f}, engine {first_ms:.2f}, margin {margin:.2f})",
+            fastest_ms=round(needs, 3),
         )
 
     def continue_cascade(self, plan: Plan, done: int, entropy: float, time_left_ms: float, wait_ms: float) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -10,44 +11,69 @@ import numpy as np
 from engines.manifest import EngineRecord
 
 MIN_OBSERVATIONS = 20  # below this many observations of (engine, batch), trust the builder's profile
+HORIZON_S = 10.0  # observations older than this are forgotten: a burst's slow runs must not outlive it
 
 
 class LatencyPredictor:
-    """Predicted p99 service time (ms) per engine and batch size.
+    """Predicted p99 service time (ms) per engine and batch size, and the typical (p50) one.
 
-    Prior: the manifest's p99 at the batch size, linearly interpolated between measured batch sizes.
-    Online: a streaming p99 over the last `window` observed service times of that engine and batch size,
-    used once it has MIN_OBSERVATIONS samples.
+    Prior: the manifest's p99 (p50) at the batch size, linearly interpolated between measured batch sizes.
+    Online: the p50 and p90 of the last `window` observed service times of that engine and batch size
+    within HORIZON_S, once it has MIN_OBSERVATIONS such samples (the prior again when it has not); the p99
+    is that p90 times the profile's own p99/p90 ratio. An observed p99 follows the rare run that waited
+    milliseconds for the GIL or a core; plans built on it refused work, which kept the server busy refusing,
+    which made more runs wait. The p90 moves with the machine's speed and steady contention, not with its
+    hiccups (the median alone let too much through under contention: answers came late).
     """
 
     def __init__(self, records: list[EngineRecord], window: int = 200) -> None:
         self._prior = {r.name: sorted((p.batch, p.p99_ms) for p in r.profiles) for r in records}
+        self._prior_p50 = {r.name: sorted((p.batch, p.p50_ms) for p in r.profiles) for r in records}
+        self._prior_p90 = {r.name: sorted((p.batch, p.p90_ms) for p in r.profiles) for r in records}
         self._window = window
-        self._observed: dict[tuple[str, int], deque[float]] = {}
+        self._observed: dict[tuple[str, int], deque[tuple[float, float]]] = {}  # (when, ms)
         self._count: dict[tuple[str, int], int] = {}
-        self._p99: dict[tuple[str, int], float] = {}
+        self._p50: dict[tuple[str, int], float] = {}
+        self._p90: dict[tuple[str, int], float] = {}
+        self._at: dict[tuple[str, int], float] = {}  # when the key's percentiles were computed
         self._lock = threading.Lock()
 
-    def prior(self, engine: str, batch: int) -> float:
-        points = self._prior[engine]
+    def prior(self, engine: str, batch: int, points: list[tuple[int, float]] | None = None) -> float:
+        points = points or self._prior[engine]
         xs, ys = [b for b, _ in points], [ms for _, ms in points]
         if batch >= xs[-1]:
             return ys[-1] * batch / xs[-1]  # beyond the largest profile: linear in batch size
         return float(np.interp(batch, xs, ys))
 
+    def _fresh(self, key: tuple[str, int]) -> bool:
+        at = self._at.get(key)
+        return at is not None and time.monotonic() - at <= HORIZON_S
+
     def predict(self, engine: str, batch: int = 1) -> float:
-        p99 = self._p99.get((engine, batch))
-        return p99 if p99 is not None else self.prior(engine, batch)
+        key = (engine, batch)
+        if not self._fresh(key):
+            return self.prior(engine, batch)
+        tail = self.prior(engine, batch) / max(self.prior(engine, batch, self._prior_p90[engine]), 1e-6)
+        return self._p90[key] * max(tail, 1.0)
+
+    def typical(self, engine: str, batch: int = 1) -> float:
+        """The median service time: what a run usually costs (p99 is what plans must allow for)."""
+        key = (engine, batch)
+        return self._p50[key] if self._fresh(key) else self.prior(engine, batch, self._prior_p50[engine])
 
     def observe(self, engine: str, batch: int, ms: float) -> float:
         """Record one service time; returns the prediction error (observed - predicted) in ms."""
         error = ms - self.predict(engine, batch)
         key = (engine, batch)
+        now = time.monotonic()
         with self._lock:
             samples = self._observed.setdefault(key, deque(maxlen=self._window))
-            samples.append(ms)
+            samples.append((now, ms))
             count = self._count[key] = self._count.get(key, 0) + 1
             # Recomputing on every 10th sample keeps observe() cheap on the hot path.
-            if count >= MIN_OBSERVATIONS and count % 10 == 0:
-                self._p99[key] = float(np.percentile(samples, 99))
+            if count % 10 == 0:
+                recent = [v for t, v in samples if now - t <= HORIZON_S]
+                if len(recent) >= MIN_OBSERVATIONS:
+                    self._p50[key], self._p90[key] = (float(v) for v in np.percentile(recent, (50, 90)))
+                    self._at[key] = now
         return error

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engines.base import Engine
@@ -23,6 +25,8 @@ class Runtime:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings, self.metrics = settings, metrics
         self.ladder: Ladder = load_ladder(settings.ladder)  # checks every artefact's sha256
+        self.threads = settings.threads or self.ladder.threads  # as the profiles were measured, by default
+        self.ladder_json = self.ladder.model_dump_json().encode()  # GET /v1/ladder, serialized once
         self.spec = PreprocessSpec.from_dict(self.ladder.preprocess)
         self.records: dict[str, EngineRecord] = {
             r.name: r for r in [*self.ladder.stages, *self.ladder.rungs, *self.ladder.ensembles]
@@ -36,10 +40,12 @@ class Runtime:
             self.predictor,
             settings.max_queue,
             settings.max_batch,
-            settings.batch_window_ms,
             settings.safety_margin_ms,
             metrics,
+            settings.inline_max_ms,
         )
+        # Large images and bodies are decoded here, off the event loop (service/images.py says what is large).
+        self.decoder = ThreadPoolExecutor(1, thread_name_prefix="anytime-decode")
         self.ready = threading.Event()
         self.failed: str | None = None
         self._closing = threading.Event()
@@ -55,9 +61,13 @@ class Runtime:
             for name, record in self.records.items():
                 if self._closing.is_set():  # shut down while loading: stop between engines
                     return
-                engine = open_record(Path(self.settings.ladder), self.ladder, record, self.settings.threads)
+                engine = open_record(Path(self.settings.ladder), self.ladder, record, self.threads)
                 engine.warmup((1, 8), runs=self.settings.warmup_runs)
                 self.engines[name] = engine
+            # Everything loaded so far lives as long as the server: out of the collector's sight, a collection
+            # scans only what requests allocate (a full one over the loaded modules took milliseconds).
+            gc.collect()
+            gc.freeze()
             self.scheduler.start()
             self.ready.set()
             log.info("ladder %s ready: %d engines", self.settings.ladder, len(self.engines))
@@ -72,5 +82,6 @@ class Runtime:
             self._loader.join()
         if self.ready.is_set():
             self.scheduler.stop()
+        self.decoder.shutdown(wait=True)
         for engine in self.engines.values():
             engine.close()

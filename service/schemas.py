@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.planner import OnInfeasible, Policy
 
+MAX_BATCH_IMAGES = 256
+
 
 class ClassifyOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -24,7 +26,7 @@ class ClassifyRequest(ClassifyOptions):
 
 
 class BatchRequest(ClassifyOptions):
-    images: list[str | list[Any]] = Field(..., min_length=1, max_length=256)
+    images: list[str | list[Any]] = Field(..., min_length=1, max_length=MAX_BATCH_IMAGES)
 
 
 class TopK(BaseModel):
@@ -59,5 +61,9 @@ class BatchResponse(BaseModel):
 
 
 class ErrorBody(BaseModel):
+    """Every error answer: a machine-readable `code`, a human `message`, and sometimes more (e.g. `fastest_ms`)."""
+
+    model_config = ConfigDict(extra="allow")
+
     code: str
     message: str

@@ -1,4 +1,4 @@
-"""Scheduler logic with fake engines (sleep-based): EDF at stage granularity, batching, expiry, cancel."""
+"""Scheduler logic with fake engines (sleep-based): EDF at stage granularity, batching, expiry, cancel, inline runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from engines.base import Backend, EngineBase, Precision
 from engines.manifest import Artifact, Cascade, Ladder, LatencyProfile, Rung, Stage
-from service.errors import DeadlineExpired, QueueFull
+from service.errors import DeadlineExpired, QueueFull, ShuttingDown
 from service.planner import OnInfeasible, Plan, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job, Scheduler
@@ -71,8 +71,7 @@ def _ladder() -> Ladder:
     return Ladder.model_construct(rungs=[rung], stages=stages, cascades=[cascade])
 
 
-@pytest.fixture
-def setup():  # type: ignore[no-untyped-def]
+def _setup():  # type: ignore[no-untyped-def]
     ladder = _ladder()
     predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
     planner = Planner(ladder, predictor, margin_ms=1.0)
@@ -82,10 +81,22 @@ def setup():  # type: ignore[no-untyped-def]
         "s3": SleepEngine(STAGE_MS),
         "fast": SleepEngine(1.0, unsure=False),
     }
-    scheduler = Scheduler(engines, planner, predictor, max_queue=8, max_batch=4, batch_window_ms=0, margin_ms=1.0)
+    scheduler = Scheduler(engines, planner, predictor, max_queue=8, max_batch=4, margin_ms=1.0, inline_max_ms=2.0)
+    return scheduler, planner, engines
+
+
+@pytest.fixture
+def setup():  # type: ignore[no-untyped-def]
+    scheduler, planner, engines = _setup()
     scheduler.start()
     yield scheduler, planner, engines
     scheduler.stop()
+
+
+@pytest.fixture
+def no_worker():  # type: ignore[no-untyped-def]
+    """A scheduler whose worker never starts: the test takes batches itself."""
+    return _setup()
 
 
 def _job(
@@ -104,7 +115,8 @@ def _job(
         if event is not None:
             event.set()
 
-    return Job(str(len(done)), now, now + deadline_ms / 1e3, np.zeros((1, 4), np.float32), plan, finish)
+    best_effort = on_infeasible is OnInfeasible.BEST_EFFORT
+    return Job(str(len(done)), now, now + deadline_ms / 1e3, np.zeros((1, 4), np.float32), plan, finish, best_effort)
 
 
 def test_urgent_request_overtakes_queued_cascades(setup) -> None:  # type: ignore[no-untyped-def]
@@ -167,7 +179,7 @@ def test_expired_before_running_gets_504(setup) -> None:  # type: ignore[no-unty
     assert isinstance(late.error, DeadlineExpired) and late.step == 0
 
 
-def test_cancelled_work_is_dropped_and_queue_bound_holds(setup) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_frees_the_queue_slot_at_once_and_answers_without_running(setup) -> None:  # type: ignore[no-untyped-def]
     scheduler, planner, engines = setup
     done: list[Job] = []
     jobs = [_job(planner, Policy.CASCADE, 5000, done) for _ in range(8)]
@@ -181,18 +193,99 @@ def test_cancelled_work_is_dropped_and_queue_bound_holds(setup) -> None:  # type
         scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))
     assert e.value.headers["Retry-After"]
     for job in jobs[1:]:
-        scheduler.cancel(job)
+        assert scheduler.cancel(job)  # it was queued
+    # The slots are free before the worker moves: a burst of disconnects does not refuse later clients.
+    assert scheduler.depth() == 1 and scheduler.wait_ms(time.monotonic() + 10) < 2 * STAGE_MS
+    late = _job(planner, Policy.CASCADE, 5000, done)
+    scheduler.submit(late)
+    assert not scheduler.cancel(jobs[0])  # running: it finishes its engine call, then stops
     engines["s1"].gate.set()
     deadline = time.monotonic() + 5
-    while len(done) < 8 and time.monotonic() < deadline:
+    while len(done) < 9 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(done) == 8 and all(j.cancelled and j.step == 0 for j in jobs[1:])  # answered, never run
-    assert jobs[0].step == 3 and not jobs[0].cancelled
+    assert len(done) == 9 and all(j.cancelled and j.step == 0 for j in jobs[1:])  # answered, never run
+    assert jobs[0].step == 1 and late.step == 3 and scheduler.depth() == 0
 
 
-def test_queued_work_that_no_longer_fits_is_settled_without_running_late(setup) -> None:  # type: ignore[no-untyped-def]
-    scheduler, planner, _ = setup
-    scheduler.stop()  # no worker: the test takes batches itself
+def test_lone_quick_job_runs_inline_on_an_idle_scheduler(setup) -> None:  # type: ignore[no-untyped-def]
+    scheduler, planner, engines = setup
+    done: list[Job] = []
+    job = _job(planner, Policy.STATIC, 500, done)
+    assert job.plan.engines == ["fast"]  # 1 ms <= inline_max_ms
+    caller = threading.get_ident()
+    seen: list[int] = []
+    job.on_done = lambda j: seen.append(threading.get_ident())
+    scheduler.submit(job, inline=True)
+    assert job.finished is not None and seen == [caller]  # done before submit returned, on this thread
+    assert engines["fast"].batches == [1] and scheduler.depth() == 0
+
+
+def test_inline_runs_beside_the_worker_but_never_jumps_the_queue(setup) -> None:  # type: ignore[no-untyped-def]
+    scheduler, planner, engines = setup
+    done: list[Job] = []
+    engines["s1"].gate.clear()  # holds the worker inside s1
+    slow = _job(planner, Policy.STATIC, 5000, done)
+    slow.plan = Plan(Policy.STATIC, "s1", ["s1"])  # 22 ms predicted: over inline_max_ms
+    scheduler.submit(slow, inline=True)
+    assert slow.finished is None  # went to the worker
+    while slow.started is None:
+        time.sleep(0.0005)
+    beside = _job(planner, Policy.STATIC, 5000, done)
+    scheduler.submit(beside, inline=True)
+    assert beside.finished is not None  # another engine, nothing queued: it ran at once, beside the worker
+    queued = _job(planner, Policy.STATIC, 100, done)
+    queued.plan = Plan(Policy.STATIC, "s1", ["s1"])
+    scheduler.submit(queued)
+    late = _job(planner, Policy.STATIC, 5000, done)
+    scheduler.submit(late, inline=True)
+    assert late.finished is None  # work is queued before it: it waits its turn (EDF)
+    engines["s1"].gate.set()
+    deadline = time.monotonic() + 5
+    while len(done) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [j.plan.engines[0] for j in done] == ["fast", "s1", "s1", "fast"]
+    assert engines["s1"].batches == [1, 1]
+
+
+def test_drain_refuses_new_work_and_stop_answers_what_is_queued(setup) -> None:  # type: ignore[no-untyped-def]
+    scheduler, planner, engines = setup
+    done: list[Job] = []
+    engines["s1"].gate.clear()
+    first = _job(planner, Policy.CASCADE, 5000, done)
+    scheduler.submit(first)
+    while first.started is None:
+        time.sleep(0.0005)
+    queued = [_job(planner, Policy.CASCADE, 5000, done) for _ in range(3)]
+    for job in queued:
+        scheduler.submit(job)
+    scheduler.drain()
+    with pytest.raises(ShuttingDown):
+        scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))
+    stopper = threading.Thread(target=scheduler.stop)
+    stopper.start()
+    deadline = time.monotonic() + 2
+    while len(done) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert all(isinstance(j.error, ShuttingDown) for j in queued) and len(done) == 3  # answered, not dropped
+    engines["s1"].gate.set()
+    stopper.join(5)
+    assert first.finished is not None and first.error is None and first.step == 1  # no further stage after stop
+
+
+def test_best_effort_job_that_no_longer_fits_runs_instead_of_504(no_worker) -> None:  # type: ignore[no-untyped-def]
+    scheduler, planner, _ = no_worker
+    done: list[Job] = []
+    # The client asked for best effort; its plan was feasible when admitted but queueing ate the time.
+    job = _job(planner, Policy.STATIC, 5000, done, on_infeasible=OnInfeasible.BEST_EFFORT)
+    job.plan, job.deadline = Plan(Policy.STATIC, "s1", ["s1"]), time.monotonic() + 0.0005
+    scheduler.submit(job)
+    with scheduler._cond:
+        batch = scheduler._take_batch()
+    assert batch == [job] and job.error is None and job.plan.name == "fast" and not job.plan.feasible
+
+
+def test_queued_work_that_no_longer_fits_is_settled_without_running_late(no_worker) -> None:  # type: ignore[no-untyped-def]
+    scheduler, planner, _ = no_worker
     done: list[Job] = []
     # A cascade mid-way whose next stage (22 ms predicted) no longer fits in the 10 ms left: answers with exit 1.
     cascade = _job(planner, Policy.CASCADE, 5000, done)
@@ -230,6 +323,27 @@ def test_predictor_moves_from_prior_to_observed() -> None:
     predictor = LatencyPredictor([*ladder.stages, *ladder.rungs], window=50)
     assert predictor.predict("s1", 1) == pytest.approx(22.0)
     assert predictor.predict("s1", 4) == pytest.approx(22.0)  # interpolated between equal profiles
+    assert predictor.typical("s1", 1) == pytest.approx(STAGE_MS)  # the profile's p50
     for _ in range(20):
         predictor.observe("s1", 1, 5.0)
-    assert predictor.predict("s1", 1) == pytest.approx(5.0)
+    assert predictor.typical("s1", 1) == pytest.approx(5.0)
+    assert predictor.predict("s1", 1) == pytest.approx(5.0 * 1.1)  # the p90, with the profile's p99/p90
+    for _ in range(2):  # a rare stall moves neither
+        predictor.observe("s1", 1, 80.0)
+    for _ in range(8):
+        predictor.observe("s1", 1, 5.0)
+    assert predictor.predict("s1", 1) == pytest.approx(5.0 * 1.1)
+    assert predictor.predict("s1", 4) == pytest.approx(22.0)  # other batch sizes keep their prior
+
+
+def test_predictor_forgets_old_observations(monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.predictor as predictor_module
+
+    ladder = _ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs], window=50)
+    for _ in range(20):
+        predictor.observe("s1", 1, 50.0)  # a burst made it slow
+    assert predictor.typical("s1", 1) == pytest.approx(50.0)
+    now = time.monotonic()
+    monkeypatch.setattr(predictor_module.time, "monotonic", lambda: now + predictor_module.HORIZON_S + 1)
+    assert predictor.typical("s1", 1) == pytest.approx(STAGE_MS)  # back to the profile once the burst is old

@@ -9,13 +9,13 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
     """Alive: the process answers."""
     return {"status": "ok"}
 
 
 @router.get("/readyz")
-def readyz(runtime: RuntimeDep) -> JSONResponse:
+async def readyz(runtime: RuntimeDep) -> JSONResponse:
     """200 once every engine of the ladder is loaded and warmed; 503 until then."""
     if runtime.ready.is_set():
         return JSONResponse({"status": "ready", "engines": len(runtime.engines)})
@@ -29,6 +29,6 @@ def readyz(runtime: RuntimeDep) -> JSONResponse:
 
 
 @router.get("/metrics")
-def metrics(runtime: RuntimeDep) -> Response:
+async def metrics(runtime: RuntimeDep) -> Response:
     runtime.metrics.depth.set(runtime.scheduler.depth())
     return Response(runtime.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

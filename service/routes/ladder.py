@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from service.deps import RuntimeDep
 
@@ -10,6 +8,6 @@ router = APIRouter(prefix="/v1", tags=["ladder"])
 
 
 @router.get("/ladder")
-def get_ladder(runtime: RuntimeDep) -> dict[str, Any]:
+async def get_ladder(runtime: RuntimeDep) -> Response:
     """Rungs, ensembles (with members and stacker), stages and cascades with profiles, as the builder wrote them."""
-    return runtime.ladder.model_dump(mode="json")
+    return Response(runtime.ladder_json, media_type="application/json")

@@ -1,0 +1,477 @@
+"""The front door: what a request costs around the model, side by side with a plain server and the bare engine.
+
+One run, one machine, every server started here on loopback under the same uvicorn flags (uvloop,
+httptools, no access log):
+
+1. Concurrency 1, one keep-alive connection (a blocking socket: the cheapest client, whose own cost is in
+   every figure alike), interleaved rounds. For the fastest single INT8 rung and the most accurate single
+   rung: the floor (a bare FastAPI constant endpoint), the plain baseline server (loadtest/baseline.py) on
+   that rung's ONNX file, the bare engine (same session options, in this process), and Anytime fixed on
+   that rung with a JSON/base64 body, a binary PNG body and a uint8 tensor body. Then Anytime's default
+   policy at a loose and a 2 ms deadline, and where Anytime's time goes (its Server-Timing phases).
+2. Open-loop Poisson load on the fastest INT8 rung, both servers. Capacity: the highest rate whose answers
+   keep up (>= 95 % answered 200 within a loose 100 ms deadline, at the client). Then a 5 ms deadline at
+   25/50/70/100/200 % of Anytime's capacity: on time at the client (200 within 5 ms of sending), status
+   codes, how fast refusals come back, and the server's error count (500s and tracebacks in its log). And
+   the capacity at 5 ms: the highest rate with >= 99 % on time at the client.
+
+    python -m bench.frontdoor [--ladder ladders/default] [--requests 1000] [--trial-s 3] [--out reports/frontdoor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engines.factory import open_engine
+from engines.manifest import Ladder, Rung, load_ladder
+from loadtest.baseline import running_baseline
+from loadtest.client import LoadConfig, run_load
+from loadtest.harness import png_base64, running_server
+from loadtest.http import BlockingConnection
+from loadtest.schedule import DeadlineMix
+from loadtest.summary import Record
+from loadtest.sweep import find_capacity
+from models.data import FashionMNIST, PreprocessSpec, Split
+
+LOAD_LEVELS = (0.25, 0.5, 0.7, 1.0, 2.0)
+SERVERS = ("anytime", "anytime-png", "plain")  # anytime-png: the same server, the PNG file as the body
+LABELS = {"anytime": "Anytime, JSON/base64", "anytime-png": "Anytime, PNG body", "plain": "plain FastAPI + ORT, JSON"}
+SCAN_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # for the capacity at 5 ms and the plot
+CLIENT_TIMEOUT_S = 2.0
+
+
+def pick_rungs(ladder: Ladder) -> dict[str, Rung]:
+    """The fastest single INT8 rung (batch-1 p50) and the most accurate single rung (val), ONNX Runtime."""
+    ort = [r for r in ladder.rungs if r.backend == "onnxruntime" and r.precision in ("int8", "fp32")]
+    fastest = min((r for r in ort if r.precision == "int8"), key=lambda r: r.profile(1).p50_ms)
+    best = max(ort, key=lambda r: (r.val_accuracy, -r.profile(1).p50_ms))
+    return {"fastest INT8": fastest, "most accurate": best}
+
+
+# -- concurrency 1 ------------------------------------------------------------------------------------------
+@dataclass
+class Series:
+    """One client configuration: its requests and what came back."""
+
+    label: str
+    url: str
+    requests: list[bytes]
+    client_ms: list[float] = field(default_factory=list)
+    server_ms: list[float] = field(default_factory=list)
+    phases: list[dict[str, float]] = field(default_factory=list)
+    statuses: Counter[int] = field(default_factory=Counter)
+
+    def run(self, n: int) -> None:
+        conn = BlockingConnection(self.url)
+        try:
+            for i in range(n):
+                request = self.requests[i % len(self.requests)]
+                start = time.perf_counter()
+                response, headers = conn.send(request)
+                self.client_ms.append((time.perf_counter() - start) * 1e3)
+                self.statuses[response.status] += 1
+                body = response.json()
+                if "latency_ms" in body:
+                    self.server_ms.append(body["latency_ms"])
+                if "server-timing" in headers:
+                    self.phases.append(_server_timing(headers["server-timing"]))
+        finally:
+            conn.close()
+
+    def p(self, q: float, values: list[float] | None = None) -> float:
+        return float(np.percentile(self.client_ms if values is None else values, q))
+
+
+def _server_timing(value: str) -> dict[str, float]:
+    out = {}
+    for part in value.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        out[name] = float(dur)
+    return out
+
+
+def _json_requests(conn_url: str, pngs: list[str], **options: Any) -> list[bytes]:
+    conn = BlockingConnection(conn_url)
+    conn.close()
+    return [conn.request("POST", "/v1/classify", json.dumps({"image": p, **options}).encode()) for p in pngs]
+
+
+def _binary_requests(url: str, bodies: list[bytes], media: str, **query: Any) -> list[bytes]:
+    conn = BlockingConnection(url)
+    conn.close()
+    path = "/v1/classify?" + urllib.parse.urlencode(query)
+    return [conn.request("POST", path, b, media) for b in bodies]
+
+
+def engine_ms(ladder_dir: Path, rung: Rung, inputs: np.ndarray, runs: int) -> list[float]:
+    engine = open_engine(rung.backend, ladder_dir / rung.artifact.path, rung.precision, 2)
+    for i in range(100):
+        engine.run(inputs[i % len(inputs)][None])
+    samples = []
+    for i in range(runs):
+        start = time.perf_counter()
+        engine.run(inputs[i % len(inputs)][None])
+        samples.append((time.perf_counter() - start) * 1e3)
+    engine.close()
+    return samples
+
+
+def concurrency_one(
+    ladder_dir: Path, ladder: Ladder, split: Split, urls: dict[str, str], requests: int, rounds: int
+) -> dict[str, Any]:
+    spec = PreprocessSpec.from_dict(ladder.preprocess)
+    images = split.images[:200]
+    pngs = [png_base64(im) for im in images]
+    raw_pngs = [base64.b64decode(p) for p in pngs]
+    inputs = spec.normalize(images)
+    report: dict[str, Any] = {"rungs": {}}
+    series: list[Series] = []
+    per_rung: dict[str, dict[str, Series]] = {}
+    for role, rung in pick_rungs(ladder).items():
+        fixed = {"deadline_ms": 1000, "policy": "fixed", "rung": rung.name}
+        s = {
+            "floor": Series(
+                "floor: bare FastAPI constant endpoint",
+                urls["floor"],
+                _json_requests(urls["floor"], pngs, deadline_ms=1000),
+            ),
+            "plain": Series(
+                "plain FastAPI + ONNX Runtime, JSON/base64",
+                urls[f"plain:{rung.name}"],
+                _json_requests(urls[f"plain:{rung.name}"], pngs, deadline_ms=1000),
+            ),
+            "json": Series(
+                "Anytime fixed, JSON/base64", urls["anytime"], _json_requests(urls["anytime"], pngs, **fixed)
+            ),
+            "png": Series(
+                "Anytime fixed, binary PNG body",
+                urls["anytime"],
+                _binary_requests(urls["anytime"], raw_pngs, "image/png", **fixed),
+            ),
+            "tensor": Series(
+                "Anytime fixed, uint8 tensor body",
+                urls["anytime"],
+                _binary_requests(
+                    urls["anytime"],
+                    [im.tobytes() for im in images],
+                    "application/x-tensor",
+                    dtype="uint8",
+                    shape="28,28",
+                    **fixed,
+                ),
+            ),
+        }
+        per_rung[role] = s
+        series += s.values()
+    default_loose = Series(
+        "Anytime default policy, deadline 1000 ms",
+        urls["anytime"],
+        _json_requests(urls["anytime"], pngs, deadline_ms=1000),
+    )
+    series.append(default_loose)
+    for _ in range(rounds):  # interleaved: a slow spell of the machine hits every configuration alike
+        for s in series:
+            s.run(requests)
+    engines = {
+        role: engine_ms(ladder_dir, rung, inputs, requests * rounds) for role, rung in pick_rungs(ladder).items()
+    }
+    tight = Series(
+        "Anytime default policy, deadline 2 ms", urls["anytime"], _json_requests(urls["anytime"], pngs, deadline_ms=2)
+    )
+    tight_ok = []
+    for i in range(20):
+        tight.requests = _json_requests(urls["anytime"], pngs[i : i + 1], deadline_ms=2)
+        before = sum(tight.statuses.values())
+        tight.run(1)
+        tight_ok.append(sum(tight.statuses.values()) > before and tight.statuses[200] > 0)
+    for role, rung in pick_rungs(ladder).items():
+        s, eng = per_rung[role], float(np.median(engines[role]))
+        report["rungs"][role] = {
+            "rung": rung.name,
+            "engine_p50_ms": eng,
+            **{
+                k: {
+                    "label": v.label,
+                    "p50_ms": v.p(50),
+                    "p99_ms": v.p(99),
+                    "statuses": dict(v.statuses),
+                    "server_p50_ms": float(np.median(v.server_ms)) if v.server_ms else None,
+                }
+                for k, v in s.items()
+            },
+        }
+    report["default_loose"] = {
+        "p50_ms": default_loose.p(50),
+        "server_p50_ms": float(np.median(default_loose.server_ms)),
+    }
+    report["default_2ms"] = {
+        "statuses": dict(tight.statuses),
+        "p50_ms": tight.p(50),
+        "on_time": int(tight.statuses[200]),
+    }
+    phases = per_rung["fastest INT8"]["json"].phases
+    report["phases_ms"] = {k: float(np.median([p.get(k, 0.0) for p in phases])) for k in phases[0]} if phases else {}
+    return report
+
+
+def print_concurrency_one(r: dict[str, Any]) -> None:
+    print("\n== Concurrency 1, one keep-alive connection (client p50 / p99 ms) ==")
+    for role, d in r["rungs"].items():
+        eng = d["engine_p50_ms"]
+        print(f"\n{role} rung {d['rung']}: bare engine p50 {eng:.3f} ms")
+        for key in ("floor", "plain", "json", "png", "tensor"):
+            v = d[key]
+            server = f"   server latency_ms p50 {v['server_p50_ms']:.3f}" if v["server_p50_ms"] is not None else ""
+            print(
+                f"  {v['label']:<44} {v['p50_ms']:7.3f} / {v['p99_ms']:7.3f}   "
+                f"minus engine {v['p50_ms'] - eng:6.3f}{server}"
+            )
+        plain, any_json, any_png = d["plain"]["p50_ms"], d["json"]["p50_ms"], d["png"]["p50_ms"]
+        print(
+            f"  ratios: Anytime JSON / plain {any_json / plain:.2f}x, Anytime PNG / plain {any_png / plain:.2f}x; "
+            f"Anytime JSON - engine {any_json - eng:.3f} ms (target <= 0.5), plain - engine {plain - eng:.3f} ms"
+        )
+    loose, tight = r["default_loose"], r["default_2ms"]
+    print(
+        f"\nAnytime default policy, deadline 1000 ms: client p50 {loose['p50_ms']:.3f} ms, server latency_ms p50 "
+        f"{loose['server_p50_ms']:.3f} ms, client - server {loose['p50_ms'] - loose['server_p50_ms']:.3f} ms"
+    )
+    print(
+        f"Anytime default policy, deadline 2 ms on an idle server: {tight['on_time']} of 20 answered 200 on time "
+        f"(statuses {tight['statuses']}), client p50 {tight['p50_ms']:.3f} ms"
+    )
+    ph = r["phases_ms"]
+    if ph:
+        print("\nWhere Anytime's time goes (fastest rung, JSON; median Server-Timing phases, ms):")
+        print("  " + "  ".join(f"{k} {v:.3f}" for k, v in ph.items()))
+        client = r["rungs"]["fastest INT8"]["json"]["p50_ms"]
+        print(
+            f"  client p50 {client:.3f} - app {ph.get('app', 0):.3f} = {client - ph.get('app', 0):.3f} ms outside the "
+            "app (HTTP parsing, sockets, the client itself)"
+        )
+
+
+# -- open loop ----------------------------------------------------------------------------------------------
+@dataclass
+class Trial:
+    server: str
+    rate: float
+    deadline_ms: float
+    records: list[Record]
+
+    @property
+    def sent(self) -> int:
+        return len(self.records)
+
+    def share(self, pred: Callable[[Record], bool]) -> float:
+        return sum(pred(r) for r in self.records) / self.sent if self.sent else 0.0
+
+    def on_time(self, within_ms: float) -> float:
+        return self.share(lambda r: r.status == 200 and r.client_ms <= within_ms)
+
+    def achieved_rate(self) -> float:
+        span = max(r.send_s for r in self.records) - min(r.send_s for r in self.records)
+        return (self.sent - 1) / span if span > 0 else 0.0
+
+    def statuses(self) -> Counter[str]:
+        """Answers by status and code, e.g. "503 overloaded"; no answer: the client's code (client_timeout)."""
+        return Counter(f"{r.status} {r.code}" if r.status else r.code for r in self.records)
+
+    def refusal_p99(self) -> float | None:
+        """Refused before any work (429, 503); a 504 is work admitted that could not finish in time."""
+        refused = [r.client_ms for r in self.records if r.status in (429, 503)]
+        return float(np.percentile(refused, 99)) if refused else None
+
+
+class Loader:
+    def __init__(self, urls: dict[str, str], rung: str, split: Split, trial_s: float) -> None:
+        self.urls, self.rung, self.split, self.trial_s = urls, rung, split, trial_s
+        self.trials: list[Trial] = []
+
+    def run(self, server: str, rate: float, deadline_ms: float) -> Trial:
+        config = LoadConfig(
+            url=self.urls[server.removesuffix("-png")],
+            body="png" if server.endswith("-png") else "json",
+            rate=rate,
+            requests=int(rate * self.trial_s) + 1,
+            duration_s=self.trial_s,
+            deadlines=DeadlineMix.single(deadline_ms),
+            policy="fixed",
+            rung=self.rung,
+            timeout_s=CLIENT_TIMEOUT_S,
+            seed=len(self.trials),
+        )
+        trial = Trial(server, rate, deadline_ms, run_load(config, self.split, progress=False))
+        self.trials.append(trial)
+        time.sleep(0.5)  # let the server settle between trials
+        return trial
+
+
+def capacity(loader: Loader, server: str, start: float) -> tuple[float | None, float | None]:
+    """Keep-up capacity: the highest rate with >= 95 % answered 200 within a loose 100 ms deadline."""
+    return find_capacity(lambda rate: loader.run(server, rate, 100.0).on_time(100.0) >= 0.95, start, 8, 4)
+
+
+def capacity_at_5ms(scan: list[tuple[float, float]]) -> float | None:
+    """The highest scanned rate up to which every scanned rate had >= 99 % on time at 5 ms (rate, share)."""
+    best = None
+    for rate, share in sorted(scan):
+        if share < 0.99:
+            break
+        best = rate
+    return best
+
+
+def log_errors(path: Path) -> dict[str, int]:
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    return {
+        "tracebacks": text.count("Traceback"),
+        "error_lines": sum(" ERROR " in line or line.startswith("ERROR") for line in text.splitlines()),
+    }
+
+
+def open_loop(urls: dict[str, str], rung: str, split: Split, trial_s: float, logs: dict[str, Path]) -> dict[str, Any]:
+    loader = Loader(urls, rung, split, trial_s)
+    out: dict[str, Any] = {"rung": rung, "capacity": {}, "levels": [], "scan": {s: [] for s in SERVERS}}
+    for server in SERVERS:
+        out["capacity"][server] = capacity(loader, server, 400.0)
+    cap = out["capacity"]["anytime"][0] or 100.0
+    fractions = sorted({*LOAD_LEVELS, *SCAN_LEVELS})
+    for fraction in fractions:
+        for server in SERVERS:
+            t = loader.run(server, cap * fraction, 5.0)
+            out["scan"][server].append((t.rate, t.on_time(5.0)))
+            if fraction in LOAD_LEVELS:
+                out["levels"].append(
+                    {
+                        "level": fraction,
+                        "server": server,
+                        "rate": t.rate,
+                        "achieved_rate": t.achieved_rate(),
+                        "sent": t.sent,
+                        "on_time_5ms": t.on_time(5.0),
+                        "statuses": dict(t.statuses()),
+                        "refusal_p99_ms": t.refusal_p99(),
+                        "server_500s": sum(r.status == 500 for r in t.records),
+                    }
+                )
+    out["capacity_5ms"] = {server: capacity_at_5ms(out["scan"][server]) for server in SERVERS}
+    return out
+
+
+def plot_scan(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for server, style in zip(SERVERS, ("o-", "^-", "s--"), strict=True):
+        rates, shares = zip(*sorted(r["scan"][server]), strict=True)
+        ax.plot(rates, [100 * s for s in shares], style, label=LABELS[server])
+    ax.axhline(99, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("offered load, Poisson requests/s")
+    ax.set_ylabel("answered 200 within 5 ms at the client, %")
+    ax.set_title(f"Open-loop load, rung {r['rung']}, 5 ms deadline")
+    ax.set_ylim(0, 101)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_open_loop(r: dict[str, Any]) -> None:
+    print(f"\n== Open-loop Poisson load, rung {r['rung']} (fixed), client timeout {CLIENT_TIMEOUT_S:g} s ==")
+    caps = {server: r["capacity"][server][0] or 0.0 for server in SERVERS}
+    print(
+        "capacity (>= 95 % answered 200 within 100 ms at the client): "
+        + ", ".join(f"{LABELS[s]} {caps[s]:.0f} req/s" for s in SERVERS)
+        + (f"; Anytime JSON / plain {caps['anytime'] / caps['plain']:.2f}x" if caps["plain"] else "")
+    )
+    print(f"\n5 ms deadline at fractions of Anytime's (JSON) capacity ({caps['anytime']:.0f} req/s):")
+    print(
+        f"  {'load':>5} {'server':<12} {'rate':>7} {'achieved':>8} {'sent':>6} {'on time':>8}  "
+        f"{'refusal p99':>11}  statuses"
+    )
+    for row in r["levels"]:
+        ref = f"{row['refusal_p99_ms']:.2f} ms" if row["refusal_p99_ms"] is not None else "-"
+        print(
+            f"  {row['level']:>5.0%} {row['server']:<12} {row['rate']:>7.0f} {row['achieved_rate']:>8.0f} "
+            f"{row['sent']:>6} "
+            f"{row['on_time_5ms']:>8.2%}  {ref:>11}  {row['statuses']}"
+        )
+    c5 = {server: r["capacity_5ms"][server] or 0.0 for server in SERVERS}
+    print(
+        "\ncapacity at 5 ms (highest scanned rate up to which every rate had >= 99 % answered 200 within 5 ms at "
+        "the client): " + ", ".join(f"{LABELS[s]} {c5[s]:.0f} req/s" for s in SERVERS)
+    )
+    if c5["plain"]:
+        print(
+            f"  ratios to plain (target >= 1.5x): Anytime JSON {c5['anytime'] / c5['plain']:.2f}x, Anytime PNG body "
+            f"{c5['anytime-png'] / c5['plain']:.2f}x"
+        )
+    print("on time at 5 ms by offered rate, req/s: " + " / ".join(LABELS[s] for s in SERVERS))
+    for point in zip(*(r["scan"][s] for s in SERVERS), strict=True):
+        print(f"  {point[0][0]:6.0f}: " + " / ".join(f"{share:6.1%}" for _, share in point))
+    for server, errors in r["log_errors"].items():
+        print(f"server log of {server}: {errors['tracebacks']} tracebacks, {errors['error_lines']} ERROR lines")
+
+
+@contextmanager
+def servers(ladder_dir: Path, ladder: Ladder, out: Path) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
+    logs = {"anytime": out / "anytime.log", "plain": out / "plain.log"}
+    with ExitStack() as stack:
+        urls = {"anytime": stack.enter_context(running_server(ladder_dir, log=logs["anytime"]))}
+        urls["floor"] = stack.enter_context(running_baseline(ladder_dir, floor=True))
+        for i, rung in enumerate(pick_rungs(ladder).values()):
+            log = logs["plain"] if i == 0 else out / f"plain-{rung.name}.log"
+            urls[f"plain:{rung.name}"] = stack.enter_context(running_baseline(ladder_dir, rung.name, log=log))
+        urls["plain"] = urls[f"plain:{pick_rungs(ladder)['fastest INT8'].name}"]
+        yield urls, logs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ladder", type=Path, default=Path("ladders/default"))
+    parser.add_argument("--requests", type=int, default=1000, help="requests per configuration and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trial-s", type=float, default=3.0, help="seconds of open-loop load per trial")
+    parser.add_argument("--skip-load", action="store_true", help="concurrency 1 only")
+    parser.add_argument("--out", type=Path, default=Path("reports/frontdoor"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    ladder = load_ladder(args.ladder)
+    split = FashionMNIST().split("test")
+    started = time.perf_counter()
+    with servers(args.ladder, ladder, args.out) as (urls, logs):
+        report: dict[str, Any] = {
+            "concurrency_1": concurrency_one(args.ladder, ladder, split, urls, args.requests, args.rounds)
+        }
+        print_concurrency_one(report["concurrency_1"])
+        if not args.skip_load:
+            rung = pick_rungs(ladder)["fastest INT8"].name
+            report["open_loop"] = open_loop(urls, rung, split, args.trial_s, logs)
+    if "open_loop" in report:
+        report["open_loop"]["log_errors"] = {server: log_errors(path) for server, path in logs.items()}
+        print_open_loop(report["open_loop"])
+        plot_scan(report["open_loop"], args.out / "frontdoor-load.png")
+        print(f"wrote {args.out / 'frontdoor-load.png'}")
+    report["wall_s"] = time.perf_counter() - started
+    (args.out / "frontdoor.json").write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {args.out / 'frontdoor.json'} ({report['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

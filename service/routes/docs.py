@@ -1,0 +1,148 @@
+"""OpenAPI documentation of the classify routes: every body form, the query options, every error's schema.
+
+The routes are plain ASGI apps that read their own bodies (to refuse work before reading it), so FastAPI
+cannot infer them: `openapi()` adds them to what FastAPI generates for the other routes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from service.planner import OnInfeasible, Policy
+from service.schemas import BatchRequest, BatchResponse, ClassifyRequest, ClassifyResponse, ErrorBody
+
+_REF = "#/components/schemas/{model}"
+
+_ERRORS = {
+    400: "bad_image: the image cannot be decoded, or breaks a size limit",
+    404: "unknown_rung: policy=fixed names a rung the ladder does not have",
+    408: "body_timeout: the body did not arrive within the body timeout",
+    413: "payload_too_large: the body is over the size limit (refused before it is read when Content-Length says so)",
+    415: "unsupported_media_type: a content type this route does not take",
+    422: "invalid_request: an option is missing, malformed or given twice",
+    429: "queue_full: the queue is full (with Retry-After)",
+    500: "internal_error: a fault inside the server (its traceback is in the server's log)",
+    503: "deadline_infeasible (with fastest_ms), not_ready, shutting_down or too_many_connections (with Retry-After)",
+    504: "deadline_expired: the answer would only be ready after the deadline (with late_ms)",
+}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+_OPTIONS = [
+    _query(
+        "deadline_ms",
+        {"type": "number", "minimum": 1, "maximum": 60000},
+        "Answer within this many ms of arrival. Required once: here, in X-Deadline-Ms, or in a JSON/form body.",
+    ),
+    _query("policy", {"type": "string", "enum": [str(p) for p in Policy]}, "How to plan (default: cascade)."),
+    _query("rung", {"type": "string"}, "The rung to run, with policy=fixed."),
+    _query(
+        "on_infeasible",
+        {"type": "string", "enum": [str(o) for o in OnInfeasible]},
+        "reject (default): 503/504 when the deadline cannot be met; best_effort: answer anyway.",
+    ),
+    _query("top_k", {"type": "integer", "minimum": 1, "maximum": 100}, "How many classes to list (default 1)."),
+    _query("dtype", {"type": "string", "enum": ["uint8", "float32"]}, "application/x-tensor bodies: element type."),
+    _query(
+        "shape",
+        {"type": "string", "example": "28,28"},
+        "application/x-tensor bodies: comma-separated shape; uint8 (H,W) or (1,H,W) grey pixels, float32 the "
+        "model's (C,H,W) input after preprocessing; the batch route takes a leading N.",
+    ),
+    {
+        "name": "X-Deadline-Ms",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "number", "minimum": 1, "maximum": 60000},
+        "description": "The deadline as a header (instead of deadline_ms).",
+    },
+]
+_OPTION_FIELDS = {
+    "deadline_ms": {"type": "number"},
+    "policy": {"type": "string"},
+    "rung": {"type": "string"},
+    "on_infeasible": {"type": "string"},
+    "top_k": {"type": "integer"},
+}
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+_TENSOR = {
+    "schema": {
+        "type": "string",
+        "format": "binary",
+        "description": "raw little-endian C-order elements; dtype and shape in the query",
+    }
+}
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _operation(
+    summary: str, request: type[BaseModel], response: type[BaseModel], files: dict[str, Any], binary: bool
+) -> dict[str, Any]:
+    content: dict[str, Any] = {
+        "application/json": {"schema": _ref(request)},
+        "multipart/form-data": {
+            "schema": {"type": "object", "required": ["file"], "properties": {"file": files, **_OPTION_FIELDS}}
+        },
+        "application/x-tensor": _TENSOR,
+    }
+    if binary:
+        content.update({"image/png": _BINARY, "image/jpeg": _BINARY, "application/octet-stream": _BINARY})
+    responses: dict[str, Any] = {
+        "200": {"description": "The answer", "content": {"application/json": {"schema": _ref(response)}}}
+    }
+    for status, text in _ERRORS.items():
+        responses[str(status)] = {"description": text, "content": {"application/json": {"schema": _ref(ErrorBody)}}}
+    return {
+        "tags": ["classify"],
+        "summary": summary,
+        "operationId": f"classify{'_batch' if request is BatchRequest else ''}",
+        "parameters": _OPTIONS,
+        "requestBody": {"required": True, "content": content},
+        "responses": responses,
+    }
+
+
+PATHS = {
+    "/v1/classify": {
+        "post": _operation(
+            "Classify one image within deadline_ms of its arrival; says which rung answered and if it was on time",
+            ClassifyRequest,
+            ClassifyResponse,
+            {"type": "string", "format": "binary"},
+            binary=True,
+        )
+    },
+    "/v1/classify/batch": {
+        "post": _operation(
+            "Classify several images under one deadline; each is planned and may be batched with others",
+            BatchRequest,
+            BatchResponse,
+            {"type": "array", "items": {"type": "string", "format": "binary"}},
+            binary=False,
+        )
+    },
+}
+
+
+def openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema of the app's other routes, with the classify routes and their models added."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (ClassifyRequest, BatchRequest, ClassifyResponse, BatchResponse, ErrorBody):
+            model_schema = model.model_json_schema(ref_template=_REF)
+            components.update(model_schema.pop("$defs", {}))
+            components[model.__name__] = model_schema
+        schema["paths"] = {**PATHS, **schema["paths"]}
+        app.openapi_schema = schema
+    return app.openapi_schema

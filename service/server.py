@@ -1,0 +1,183 @@
+"""Run the app under uvicorn: uvloop + httptools, no access log by default, bounded connections, load shedding
+at the parser, clean SIGTERM.
+
+uvicorn's own connection limit (`limit_concurrency`) answers in plain text, and its keep-alive timer starts
+only after a first response, so a connection that never sends a request stays open. The protocol below
+adds both limits the service needs, stamps when each request's parsing began, and refuses classify
+requests straight from the parser while the event loop is behind (see `LoopLag`); everything else is
+uvicorn's httptools protocol as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import time
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+import orjson
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from service.admission import Admitted, admit
+from service.config import Settings
+from service.errors import ApiError, Overloaded
+from service.runtime import Runtime
+
+CLASSIFY, BATCH = b"/v1/classify", b"/v1/classify/batch"
+SWITCH_INTERVAL_S = 0.0005
+
+# The flags that decide the request path's cost. The plain baseline (loadtest/baseline.py) runs under the
+# same ones, so that a comparison measures the apps and not the servers (a test checks they agree).
+UVICORN_FLAGS: dict[str, Any] = {
+    "loop": "uvloop",
+    "http": "httptools",
+    "access_log": False,
+    "server_header": False,
+    "date_header": False,
+    "proxy_headers": False,
+}
+
+
+class LoopLag:
+    """How far behind the event loop is, measured by the requests it starts.
+
+    Each request waits from the moment the parser read it to the moment the app starts it: the loop first
+    runs everything queued before it. The latest such wait stands for how long the loop's rounds take now,
+    and so for how long new data sits unread in the sockets meanwhile (which no clock in the server sees).
+    While that wait is over `budget_ms` and recent (younger than itself), new classify requests are refused
+    by the parser at once (503 overloaded): a refusal there costs a few percent of serving a request, so
+    the loop catches up instead of queueing without bound, and refused clients know within milliseconds.
+    """
+
+    def __init__(self, budget_ms: float) -> None:
+        self.budget_s = budget_ms / 1e3
+        self.lag_s, self.at = 0.0, 0.0
+
+    def entered(self, received: float, now: float) -> None:
+        self.lag_s, self.at = now - received, now
+
+    def behind_ms(self, now: float) -> float:
+        return self.lag_s * 1e3 if now - self.at <= max(self.lag_s, 1e-3) else 0.0
+
+    def overloaded(self, now: float) -> bool:
+        return self.behind_ms(now) > self.budget_s * 1e3
+
+
+class _Refused:
+    """Stands in for uvicorn's request cycle once the parser has answered: the rest of the request is ignored."""
+
+    response_complete, disconnected, keep_alive, more_body = True, False, True, False
+
+    def __init__(self) -> None:
+        self.message_event = asyncio.Event()
+
+
+def _answer(error: ApiError) -> bytes:
+    """A whole HTTP response for an error, written by the parser itself."""
+    body = orjson.dumps(error.body())
+    head = f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\ncontent-type: application/json\r\n"
+    head += f"content-length: {len(body)}\r\n" + "".join(f"{k.lower()}: {v}\r\n" for k, v in error.headers.items())
+    return (head + "\r\n").encode() + body
+
+
+def protocol_class(max_connections: int, lag: LoopLag, runtime: Runtime) -> type[asyncio.Protocol]:
+    metrics = runtime.metrics
+
+    class Protocol(HttpToolsProtocol):
+        """httptools, with a connection limit answered in JSON, a keep-alive timer from the first byte, the
+        time each request's parsing began (the deadline clock starts there, before the loop queues it), and
+        admission in the parser: a classify request that cannot be served is refused as soon as its headers
+        are in (service/admission.py), and every one while the event loop is behind (LoopLag)."""
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope["state"]["received"] = time.monotonic()
+
+        def on_headers_complete(self) -> None:
+            state = self.scope["state"]
+            free = self.cycle is None or self.cycle.response_complete  # no response of this connection pending
+            if free and self.parser.get_method() == b"POST":
+                url = httptools.parse_url(self.url)
+                if url.path in (CLASSIFY, BATCH):
+                    try:
+                        state["admitted"] = self._admit(url.path == BATCH, url.query or b"", state["received"])
+                    except ApiError as e:
+                        metrics.requests.labels("unknown", "", e.code).inc()
+                        self._answer_now(e)
+                        return
+            state["loop_lag"], state["metrics"] = lag, metrics
+            super().on_headers_complete()
+
+        def _admit(self, batch: bool, query: bytes, received: float) -> Admitted:
+            now = time.monotonic()
+            if lag.overloaded(now):
+                behind = lag.behind_ms(now)
+                raise Overloaded(f"the server is {behind:.1f} ms behind; retry shortly", headers={"Retry-After": "1"})
+            return admit(runtime, {"headers": self.headers, "query_string": query}, batch, received)
+
+        def _answer_now(self, error: ApiError) -> None:
+            """Answered from the parser: no task, nothing waits behind the event loop's queue."""
+            self.transport.write(_answer(error))
+            self.cycle = _Refused()  # type: ignore[assignment]
+            if self.parser.should_keep_alive():
+                self.on_response_complete()
+            else:
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                # Every request on this connection sees the flag in scope["state"]; the app answers it
+                # 503 too_many_connections with `connection: close` (service/app.py).
+                self.app_state = {**self.app_state, "over_connection_limit": len(self.connections)}
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    return Protocol
+
+
+class Server(uvicorn.Server):
+    """On SIGTERM: refuse new work (503 shutting_down), let admitted work finish, then stop."""
+
+    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.runtime.scheduler.drain()
+        await super().shutdown(sockets)
+
+
+def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    lag = LoopLag(settings.shed_after_ms)
+    protocol = protocol_class(settings.max_connections, lag, app.state.runtime)
+    flags = {**UVICORN_FLAGS, "http": protocol, "access_log": settings.access_log}
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        timeout_keep_alive=settings.keep_alive_s,
+        timeout_graceful_shutdown=settings.drain_timeout_s,
+        log_level="info",
+        **flags,
+    )
+
+
+def serve(app: FastAPI, settings: Settings) -> None:
+    """Serve until SIGTERM or SIGINT; returns normally after a graceful shutdown (exit status 0)."""
+    # uvicorn re-raises the signal it caught once it has shut down, so that the default action ends the
+    # process (status 143 for SIGTERM). A no-op handler installed first is what it restores and re-raises.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    # A thread that wants the GIL waits until its holder blocks, or for this long. The event loop holds it
+    # while busy, so with Python's default of 5 ms the worker could lose a whole deadline waiting to hand
+    # back a finished batch.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    Server(uvicorn_config(app, settings), app.state.runtime).run()

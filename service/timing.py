@@ -1,0 +1,89 @@
+"""Where a request's time goes: cheap always-on phase timers, a `Server-Timing` header, Prometheus histograms.
+
+Phases, in order (ms, all on the `time.monotonic()` clock the deadline uses):
+
+- loop:     the HTTP parser began the request -> the app got it: the event loop's backlog
+- receive:  the app got it -> the whole body read
+- parse:    body -> fields (JSON, multipart, query, raw bytes)
+- validate: fields -> checked options
+- decode:   image bytes / pixel arrays / tensors -> model input
+- plan:     choosing the plan from the profiles and the live queue
+- enqueue:  handing the job to the scheduler
+- queue:    in the scheduler but not in an engine: the wake-up of the worker thread, waiting behind earlier-due
+            work, and between the stages of a cascade
+- run:      inside engines, all steps
+- handback: the last engine done -> the request's coroutine running again on the event loop
+- encode:   the answer -> JSON bytes
+
+What happens before the parser sees the request (accept, the socket's buffer while the event loop is busy)
+is not visible here: `bench.frontdoor` measures it as client latency minus the answer's `latency_ms`.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+PHASES = ("loop", "receive", "parse", "validate", "decode", "plan", "enqueue", "queue", "run", "handback", "encode")
+BUCKETS_MS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
+
+
+class Clock:
+    """Laps since the request's arrival; one `time.monotonic()` call per phase."""
+
+    __slots__ = ("arrival", "last", "ms")
+
+    def __init__(self, arrival: float) -> None:
+        self.arrival = self.last = arrival
+        self.ms: dict[str, float] = {}
+
+    def lap(self, phase: str, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self.ms[phase] = (now - self.last) * 1e3
+        self.last = now
+        return now
+
+    def add(self, phase: str, ms: float) -> None:
+        self.ms[phase] = ms
+
+    def server_timing(self) -> bytes:
+        """The `Server-Timing` header value: each phase, then `app` (arrival to now) in ms."""
+        total = (time.monotonic() - self.arrival) * 1e3
+        parts = [f"{p};dur={self.ms[p]:.3f}" for p in PHASES if p in self.ms]
+        parts.append(f"app;dur={total:.3f}")
+        return ", ".join(parts).encode()
+
+
+class PhaseHistograms(Collector):
+    """`anytime_phase_ms{phase}`: one histogram per phase, kept as plain counters.
+
+    A prometheus_client Histogram takes a lock per observation; ten of them per request cost more than
+    some phases they measure. Observations come from the event loop thread only, so plain lists will do.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counts = {p: [0] * (len(BUCKETS_MS) + 1) for p in PHASES}
+        self.sums = dict.fromkeys(PHASES, 0.0)
+        registry.register(self)
+
+    def observe(self, ms: dict[str, float]) -> None:
+        for phase, value in ms.items():
+            self.counts[phase][bisect_left(BUCKETS_MS, value)] += 1
+            self.sums[phase] += value
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            "anytime_phase_ms", "Time per request phase, ms (see service/timing.py)", labels=["phase"]
+        )
+        for phase in PHASES:
+            counts, running, buckets = self.counts[phase], 0, []
+            for bound, n in zip((*BUCKETS_MS, float("inf")), counts, strict=True):
+                running += n
+                buckets.append(("+Inf" if bound == float("inf") else str(bound), running))
+            family.add_metric([phase], buckets, self.sums[phase])
+        yield family

@@ -1,0 +1,514 @@
+"""The front door over real sockets: binary bodies, refusing before reading, slow and vanishing clients, limits,
+Server-Timing, a logged 500 for a real fault, and a clean SIGTERM. Uses the default ladder."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+
+from engines.manifest import Ladder
+from loadtest.harness import free_port, running_server
+from models.data import FashionMNIST, PreprocessSpec
+from service.app import create_app
+from service.config import Settings
+from service.errors import QueueFull
+
+pytestmark = pytest.mark.slow
+
+MAX_CONNECTIONS = 8
+SETTINGS_ENV = {
+    "ANYTIME_BODY_TIMEOUT_S": "0.5",
+    "ANYTIME_KEEP_ALIVE_S": "1",
+    "ANYTIME_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+}
+
+
+@pytest.fixture(scope="module")
+def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("frontdoor") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def server(default_ladder_dir: Path, server_log: Path) -> Iterator[str]:
+    with running_server(default_ladder_dir, log=server_log, **SETTINGS_ENV) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def images(fmnist: FashionMNIST) -> np.ndarray:
+    return fmnist.split("test").images[:8]
+
+
+def _png(image: np.ndarray, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, fmt)
+    return buf.getvalue()
+
+
+def _slow_rung(ladder: Ladder) -> str:
+    """The slowest single rung at batch 1: the one whose deadlines are easiest to make infeasible."""
+    return max(ladder.rungs, key=lambda r: r.profile(1).p99_ms).name
+
+
+def _raw(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _head(path: str, length: int, media: str = "image/png", **headers: str) -> bytes:
+    """A POST request line and headers announcing `length` body bytes (the body is sent by the caller, or not)."""
+    extra = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: {media}\r\ncontent-length: {length}\r\n{extra}\r\n".encode()
+    )
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], dict[str, Any]]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(body) < int(headers.get("content-length", 0)):
+        body += sock.recv(65536)
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def _log_is_clean(path: Path) -> None:
+    text = path.read_text(errors="replace")
+    assert "Traceback" not in text and " ERROR " not in text and "ERROR:" not in text, text[-3000:]
+
+
+# -- bodies ---------------------------------------------------------------------------------------------------
+def test_every_body_form_gives_the_same_answer(
+    client: httpx.Client, images: np.ndarray, default_ladder: Ladder
+) -> None:
+    spec = PreprocessSpec.from_dict(default_ladder.preprocess)
+    image, rung = images[0], next(r.name for r in default_ladder.rungs if r.precision == "fp32" and r.kind == "exit")
+    fixed = {"deadline_ms": 1000, "policy": "fixed", "rung": rung}
+    as_json = client.post("/v1/classify", json={"image": base64.b64encode(_png(image)).decode(), **fixed}).json()
+    forms = {
+        "png": client.post("/v1/classify", params=fixed, content=_png(image), headers={"content-type": "image/png"}),
+        "octet-stream": client.post(
+            "/v1/classify", params=fixed, content=_png(image), headers={"content-type": "application/octet-stream"}
+        ),
+        "header deadline": client.post(
+            "/v1/classify",
+            params={"policy": "fixed", "rung": rung},
+            content=_png(image),
+            headers={"content-type": "image/png", "x-deadline-ms": "1000"},
+        ),
+        "uint8 tensor": client.post(
+            "/v1/classify",
+            params={**fixed, "dtype": "uint8", "shape": "28,28"},
+            content=image.tobytes(),
+            headers={"content-type": "application/x-tensor"},
+        ),
+        "float32 tensor": client.post(
+            "/v1/classify",
+            params={**fixed, "dtype": "float32", "shape": "1,28,28"},
+            content=spec.normalize(image[None])[0].astype("<f4").tobytes(),
+            headers={"content-type": "application/x-tensor"},
+        ),
+        "multipart": client.post("/v1/classify", files={"file": ("a.png", _png(image), "image/png")}, data=fixed),
+    }
+    for name, response in forms.items():
+        assert response.status_code == 200, (name, response.text)
+        body = response.json()
+        assert body["label"] == as_json["label"] and body["rung"] == rung, name
+        assert body["top_k"][0]["probability"] == pytest.approx(as_json["top_k"][0]["probability"], abs=1e-5), name
+    jpeg = client.post(
+        "/v1/classify", params=fixed, content=_png(image, "JPEG"), headers={"content-type": "image/jpeg"}
+    )
+    assert jpeg.status_code == 200 and jpeg.json()["rung"] == rung
+
+
+def test_batch_binary_forms(client: httpx.Client, images: np.ndarray, fmnist: FashionMNIST) -> None:
+    labels = fmnist.split("test").labels[:8]
+    tensor = client.post(
+        "/v1/classify/batch",
+        params={"deadline_ms": 500, "dtype": "uint8", "shape": "8,28,28"},
+        content=images.tobytes(),
+        headers={"content-type": "application/x-tensor"},
+    )
+    assert tensor.status_code == 200, tensor.text
+    results = tensor.json()["results"]
+    assert len(results) == 8 and sum(r["label"] == int(y) for r, y in zip(results, labels, strict=True)) >= 6
+    multipart = client.post(
+        "/v1/classify/batch",
+        files=[("file", (f"{i}.png", _png(im), "image/png")) for i, im in enumerate(images[:3])],
+        data={"deadline_ms": "500"},
+    )
+    assert multipart.status_code == 200 and [r["label"] for r in multipart.json()["results"]] == [
+        r["label"] for r in results[:3]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "content", "media", "status", "code"),
+    [
+        (
+            "/v1/classify",
+            {"deadline_ms": 50, "dtype": "uint8", "shape": "28,28"},
+            b"x" * 10,
+            "application/x-tensor",
+            400,
+            "bad_image",
+        ),
+        (
+            "/v1/classify",
+            {"deadline_ms": 50, "dtype": "int64", "shape": "28,28"},
+            b"x" * 784,
+            "application/x-tensor",
+            400,
+            "bad_image",
+        ),
+        (
+            "/v1/classify",
+            {"deadline_ms": 50, "dtype": "float32", "shape": "28,28"},
+            b"x" * 3136,
+            "application/x-tensor",
+            400,
+            "bad_image",
+        ),
+        ("/v1/classify", {"deadline_ms": 50}, b"x" * 784, "application/x-tensor", 422, "invalid_request"),
+        ("/v1/classify", {"deadline_ms": 50, "dtype": "uint8"}, b"x", "image/png", 422, "invalid_request"),
+        ("/v1/classify", {}, b"not an image", "image/png", 422, "invalid_request"),
+        ("/v1/classify", {"deadline_ms": 50}, b"not an image", "image/png", 400, "bad_image"),
+        ("/v1/classify", {"deadline_ms": 50, "top_k": 0}, b"x", "image/png", 422, "invalid_request"),
+        ("/v1/classify/batch", {"deadline_ms": 50}, b"x", "image/png", 415, "unsupported_media_type"),
+        ("/v1/classify", {"deadline_ms": 50}, b"x", "text/csv", 415, "unsupported_media_type"),
+    ],
+)
+def test_binary_errors(
+    client: httpx.Client, path: str, params: dict[str, Any], content: bytes, media: str, status: int, code: str
+) -> None:
+    response = client.post(path, params=params, content=content, headers={"content-type": media})
+    assert response.status_code == status, response.text
+    assert response.json()["code"] == code and response.json()["message"]
+
+
+def test_an_option_given_twice_is_refused(client: httpx.Client, images: np.ndarray) -> None:
+    body = {"image": base64.b64encode(_png(images[0])).decode(), "deadline_ms": 50}
+    twice = client.post("/v1/classify", params={"deadline_ms": 50}, json=body)
+    assert twice.status_code == 422 and "given both" in twice.json()["message"]
+    header_and_query = client.post(
+        "/v1/classify",
+        params={"deadline_ms": 50},
+        content=_png(images[0]),
+        headers={"content-type": "image/png", "x-deadline-ms": "50"},
+    )
+    assert header_and_query.status_code == 422
+
+
+# -- refusing early, slow and vanishing clients --------------------------------------------------------------
+def test_an_infeasible_deadline_is_refused_before_the_body_is_read(server: str, default_ladder: Ladder) -> None:
+    """The headers say the deadline cannot be met: the answer comes although the body was never sent."""
+    sock = _raw(server)
+    path = f"/v1/classify?policy=fixed&rung={_slow_rung(default_ladder)}"
+    sock.sendall(_head(path, 100_000, x_deadline_ms="1"))
+    status, _, body = _read_response(sock)
+    sock.close()
+    assert status == 503 and body["code"] == "deadline_infeasible" and body["fastest_ms"] > 1
+
+
+def test_a_full_queue_is_refused_before_the_body_is_read(
+    default_ladder_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process, through the ASGI interface: the app answers 429 and never calls receive()."""
+    app = create_app(Settings(ladder=default_ladder_dir), load_in_background=False)
+    runtime = app.state.runtime
+    runtime.ready.set()  # the engines are not needed: nothing may reach them
+
+    def full(n: int = 1) -> None:
+        raise QueueFull("full", headers={"Retry-After": "1"})
+
+    monkeypatch.setattr(runtime.scheduler, "check_room", full)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("the body was read")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/classify",
+        "raw_path": b"/v1/classify",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"500")],
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("127.0.0.1", 1),
+        "client": ("127.0.0.1", 2),
+        "state": {},
+        "asgi": {"version": "3.0"},
+        "app": app,
+    }
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 429 and dict(sent[0]["headers"])[b"retry-after"] == b"1"
+    assert json.loads(sent[1]["body"])["code"] == "queue_full"
+
+
+def test_a_slow_body_gets_408(server: str) -> None:
+    sock = _raw(server)
+    sock.sendall(_head("/v1/classify?deadline_ms=60000", 1000) + b"abc")
+    start = time.monotonic()
+    status, _, body = _read_response(sock)
+    sock.close()
+    assert status == 408 and body["code"] == "body_timeout" and 0.4 < time.monotonic() - start < 5
+
+
+def test_a_body_that_misses_its_deadline_gets_504_at_the_deadline(server: str) -> None:
+    sock = _raw(server)
+    sock.sendall(_head("/v1/classify?deadline_ms=200", 1000) + b"abc")
+    start = time.monotonic()
+    status, _, body = _read_response(sock)
+    sock.close()
+    assert status == 504 and body["code"] == "deadline_expired" and time.monotonic() - start < 0.45
+
+
+def _metric(client: httpx.Client, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def test_clients_that_leave_are_counted_not_errors(
+    server: str, client: httpx.Client, images: np.ndarray, server_log: Path, default_ladder: Ladder
+) -> None:
+    before = {w: _metric(client, "anytime_disconnects_total", where=w) for w in ("receive", "queued", "running")}
+    # Mid-body: the client sends half its body and goes.
+    sock = _raw(server)
+    sock.sendall(_head("/v1/classify?deadline_ms=5000", 1000) + b"abc")
+    time.sleep(0.05)
+    sock.close()
+    # Queued or running: a batch big enough to still be in the server when the client has gone.
+    rung = _slow_rung(default_ladder)
+    for _ in range(3):
+        sock = _raw(server)
+        body = np.repeat(images, 12, axis=0)[:96].tobytes()
+        path = f"/v1/classify/batch?deadline_ms=30000&policy=fixed&rung={rung}&dtype=uint8&shape=96,28,28"
+        sock.sendall(_head(path, len(body), "application/x-tensor") + body)
+        time.sleep(0.005)
+        sock.close()
+        time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        after = {w: _metric(client, "anytime_disconnects_total", where=w) for w in before}
+        if (
+            after["receive"] > before["receive"]
+            and after["queued"] + after["running"] >= before["queued"] + before["running"] + 3
+        ):
+            break
+        time.sleep(0.1)
+    assert after["receive"] > before["receive"]
+    assert after["queued"] + after["running"] >= before["queued"] + before["running"] + 3
+    deadline = time.monotonic() + 10
+    while _metric(client, "anytime_queue_depth") > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _metric(client, "anytime_queue_depth") == 0  # nothing of theirs is left queued
+    assert (
+        client.post(
+            "/v1/classify", json={"image": base64.b64encode(_png(images[0])).decode(), "deadline_ms": 1000}
+        ).status_code
+        == 200
+    )
+    _log_is_clean(server_log)
+
+
+def test_connections_beyond_the_limit_get_503_json(server: str) -> None:
+    held = [_raw(server) for _ in range(MAX_CONNECTIONS + 1)]
+    time.sleep(0.1)
+    try:
+        refused = 0
+        for sock in held:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            status, headers, body = _read_response(sock)
+            if status == 503:
+                assert body["code"] == "too_many_connections" and headers.get("connection") == "close"
+                refused += 1
+        assert refused >= 1
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_time(server: str) -> None:
+    sock = _raw(server)  # connects and never sends a byte
+    sock.settimeout(5)
+    start = time.monotonic()
+    assert sock.recv(1) == b""  # closed by the server
+    assert time.monotonic() - start < 3
+    sock.close()
+
+
+# -- timing, docs, faults -----------------------------------------------------------------------------------
+def test_server_timing_header_and_phase_histograms(client: httpx.Client, images: np.ndarray) -> None:
+    r = client.post(
+        "/v1/classify", params={"deadline_ms": 1000}, content=_png(images[1]), headers={"content-type": "image/png"}
+    )
+    timing = dict(part.strip().split(";dur=") for part in r.headers["server-timing"].split(","))
+    assert {"receive", "parse", "decode", "plan", "run", "encode", "app"} <= set(timing)
+    phases = sum(float(v) for k, v in timing.items() if k != "app")
+    assert 0 < phases <= float(timing["app"]) + 0.01  # the phases partition the app's time
+    assert float(timing["app"]) <= r.json()["latency_ms"] + 1.0
+    names = {f.name for f in text_string_to_metric_families(client.get("/metrics").text)}
+    assert {"anytime_phase_ms", "anytime_disconnects"} <= names
+
+
+def test_openapi_documents_every_body_form_and_error(client: httpx.Client) -> None:
+    spec = client.get("/openapi.json").json()
+    for path, forms in {
+        "/v1/classify": {
+            "application/json",
+            "multipart/form-data",
+            "image/png",
+            "image/jpeg",
+            "application/octet-stream",
+            "application/x-tensor",
+        },
+        "/v1/classify/batch": {"application/json", "multipart/form-data", "application/x-tensor"},
+    }.items():
+        post = spec["paths"][path]["post"]
+        assert set(post["requestBody"]["content"]) == forms
+        assert {"deadline_ms", "X-Deadline-Ms", "dtype", "shape"} <= {p["name"] for p in post["parameters"]}
+        for status in ("400", "408", "413", "415", "422", "429", "500", "503", "504"):
+            assert post["responses"][status]["content"]["application/json"]["schema"] == {
+                "$ref": "#/components/schemas/ErrorBody"
+            }
+    assert {"ClassifyResponse", "BatchResponse", "ErrorBody"} <= set(spec["components"]["schemas"])
+
+
+def test_a_real_fault_is_a_logged_generic_500(
+    default_ladder_dir: Path, images: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(Settings(ladder=default_ladder_dir))
+    app.state.runtime.ready.set()  # no lifespan, no engines: the fault comes before any engine is needed
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected fault")
+
+    app.state.runtime.planner.plan = broken
+    with caplog.at_level("ERROR", logger="anytime"):
+        c = TestClient(app, raise_server_exceptions=False)
+        r = c.post(
+            "/v1/classify", params={"deadline_ms": 100}, content=_png(images[0]), headers={"content-type": "image/png"}
+        )
+    assert r.status_code == 500 and r.json() == {"code": "internal_error", "message": "internal error"}
+    assert "injected fault" not in r.text
+    assert any(
+        "injected fault" in (rec.exc_text or "") or (rec.exc_info and "injected fault" in str(rec.exc_info[1]))
+        for rec in caplog.records
+    )
+
+
+def test_the_baseline_is_plain_and_runs_under_the_same_flags() -> None:
+    code = "import sys, loadtest.baseline; print(sorted(m for m in sys.modules if m.split('.')[0] == 'service'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    from loadtest.baseline import UVICORN_FLAGS
+    from service.server import UVICORN_FLAGS as SERVICE_FLAGS
+
+    assert UVICORN_FLAGS == SERVICE_FLAGS
+
+
+def test_sigterm_drains_answers_in_flight_work_and_exits_0(
+    default_ladder_dir: Path, images: np.ndarray, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "server.log"
+    exe = Path(sys.executable).parent / "anytime"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(exe), "serve", "--ladder", str(default_ladder_dir), "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.1)
+        answers: list[tuple[int, str]] = []
+        failures: list[BaseException] = []
+        body = np.repeat(images, 5, axis=0)[:40].tobytes()
+        rung = _slow_rung(Ladder.model_validate_json((default_ladder_dir / "ladder.json").read_text()))
+
+        def one() -> None:
+            try:
+                with httpx.Client(base_url=url, timeout=20) as c:
+                    r = c.post(
+                        "/v1/classify/batch",
+                        params={
+                            "deadline_ms": 10000,
+                            "policy": "fixed",
+                            "rung": rung,
+                            "dtype": "uint8",
+                            "shape": "40,28,28",
+                        },
+                        content=body,
+                        headers={"content-type": "application/x-tensor"},
+                    )
+                    answers.append((r.status_code, r.json().get("code", "ok")))
+            except BaseException as e:
+                failures.append(e)
+
+        threads = [threading.Thread(target=one) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert time.monotonic() - start < 15
+        for t in threads:
+            t.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not failures and len(answers) == 6  # every request in flight got an answer
+    assert all(status == 200 or code == "shutting_down" for status, code in answers), answers
+    _log_is_clean(log)
+    assert "Finished server process" in log.read_text()
