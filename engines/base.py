@@ -46,6 +46,7 @@ class Engine(Protocol):
     input_name: str
     output_names: list[str]
     path: Path | None
+    concurrent: bool  # `run` may be called from two threads at once
 
     def run(self, x: np.ndarray) -> list[np.ndarray]: ...
 
@@ -68,6 +69,7 @@ class EngineBase(ABC):
     output_names: list[str]
     path: Path | None = None
     input_shape: tuple[int, ...] = ()  # one item's shape, without the batch axis
+    concurrent: bool = False  # `run` may be called from two threads at once
 
     @abstractmethod
     def run(self, x: np.ndarray) -> list[np.ndarray]:

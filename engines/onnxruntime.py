@@ -33,6 +33,7 @@ def session_options(threads: int):  # type: ignore[no-untyped-def]
 
 class OnnxRuntimeEngine(EngineBase):
     backend = Backend.ONNXRUNTIME
+    concurrent = True  # InferenceSession.run is thread-safe
 
     def __init__(self, path: Path, precision: Precision, threads: int = 2, sha256: str | None = None) -> None:
         verify_artifact(path, sha256)

@@ -20,7 +20,7 @@ class Settings(BaseSettings):
     max_batch: int = Field(32, ge=1, le=1024)
     safety_margin_ms: float = Field(0.5, ge=0, le=1000)
     inline_max_ms: float = Field(
-        0.12, ge=0, le=1, description="an idle server runs engines whose median run is this quick on the event loop"
+        0.1, ge=0, le=1, description="engines whose profiled median is this quick run on the event loop"
     )
     observed_window: int = Field(200, ge=10, description="observed service times kept per engine and batch size")
     include_dominated: bool = False

@@ -15,11 +15,11 @@ HORIZON_S = 10.0  # observations older than this are forgotten: a burst's slow r
 
 
 class LatencyPredictor:
-    """Predicted p99 service time (ms) per engine and batch size, and the typical (p50) one.
+    """Predicted p99 service time (ms) per engine and batch size.
 
-    Prior: the manifest's p99 (p50) at the batch size, linearly interpolated between measured batch sizes.
-    Online: the p50 and p90 of the last `window` observed service times of that engine and batch size
-    within HORIZON_S, once it has MIN_OBSERVATIONS such samples (the prior again when it has not); the p99
+    Prior: the manifest's p99 at the batch size, linearly interpolated between measured batch sizes.
+    Online: the p90 of the last `window` observed service times of that engine and batch size within
+    HORIZON_S, once it has MIN_OBSERVATIONS such samples (the prior again when it has not); the p99
     is that p90 times the profile's own p99/p90 ratio. An observed p99 follows the rare run that waited
     milliseconds for the GIL or a core; plans built on it refused work, which kept the server busy refusing,
     which made more runs wait. The p90 moves with the machine's speed and steady contention, not with its
@@ -33,7 +33,6 @@ class LatencyPredictor:
         self._window = window
         self._observed: dict[tuple[str, int], deque[tuple[float, float]]] = {}  # (when, ms)
         self._count: dict[tuple[str, int], int] = {}
-        self._p50: dict[tuple[str, int], float] = {}
         self._p90: dict[tuple[str, int], float] = {}
         self._at: dict[tuple[str, int], float] = {}  # when the key's percentiles were computed
         self._lock = threading.Lock()
@@ -56,10 +55,9 @@ class LatencyPredictor:
         tail = self.prior(engine, batch) / max(self.prior(engine, batch, self._prior_p90[engine]), 1e-6)
         return self._p90[key] * max(tail, 1.0)
 
-    def typical(self, engine: str, batch: int = 1) -> float:
-        """The median service time: what a run usually costs (p99 is what plans must allow for)."""
-        key = (engine, batch)
-        return self._p50[key] if self._fresh(key) else self.prior(engine, batch, self._prior_p50[engine])
+    def profiled_p50(self, engine: str, batch: int = 1) -> float:
+        """The builder's median, measured on an otherwise idle machine: what the engine itself costs."""
+        return self.prior(engine, batch, self._prior_p50[engine])
 
     def observe(self, engine: str, batch: int, ms: float) -> float:
         """Record one service time; returns the prediction error (observed - predicted) in ms."""
@@ -74,6 +72,5 @@ class LatencyPredictor:
             if count % 10 == 0:
                 recent = [v for t, v in samples if now - t <= HORIZON_S]
                 if len(recent) >= MIN_OBSERVATIONS:
-                    self._p50[key], self._p90[key] = (float(v) for v in np.percentile(recent, (50, 90)))
-                    self._at[key] = now
+                    self._p90[key], self._at[key] = float(np.percentile(recent, 90)), now
         return error

@@ -5,10 +5,14 @@ stage goes back into the queue with the job's deadline, so an urgent request can
 
 Batching is natural: the worker never waits for batch-mates. While it runs one batch, requests pile up,
 and the next batch takes every queued item for the same engine that still meets its deadline. A lone
-request runs at once. A quick one (its engine's median run at most `inline_max_ms`) runs on the calling thread,
-the event loop, when nothing is queued and the worker is not running that engine: a hand-off to the
-worker costs two thread wake-ups and a GIL round trip (0.1-0.2 ms idle on this repository's 2-vCPU machine,
-milliseconds under load), more than such an engine.
+request runs at once.
+
+A quick single request (its engine's profiled median at most `inline_max_ms`, and the engine takes
+concurrent runs, as ONNX Runtime sessions do) runs on the calling thread, the event loop, at once, beside
+whatever the worker runs. A hand-off to the worker costs two thread wake-ups and a GIL round trip: 0.1-0.2
+ms on an idle 2-vCPU machine here, milliseconds under load, more than such an engine. Running quick work
+inline only while the queue was empty made the server bistable under load: once work queued, every
+request paid the hand-off, the queue kept growing, and the planner refused most of them.
 """
 
 from __future__ import annotations
@@ -76,8 +80,6 @@ class Scheduler:
         self._cond = threading.Condition()
         self._busy_until = 0.0  # predicted end of the batch being run
         self._jobs = 0  # accepted jobs not yet finished
-        self._inline: str | None = None  # the engine running inline on the event loop, if any
-        self._worker_engine: str | None = None  # the engine the worker is running, if any
         self._draining = False
         self._stop = False
         self._thread = threading.Thread(target=self._work, name="anytime-worker", daemon=True)
@@ -135,33 +137,26 @@ class Scheduler:
             )
 
     def submit(self, job: Job, inline: bool = False) -> None:
-        """Queue the job for the worker, or with `inline` run its first engine now on this thread if that is quicker.
+        """Queue the job for the worker, or with `inline` run its first engine now on this thread if it is quick.
 
-        Inline runs happen only when nothing is queued (so the EDF order holds), the worker is not running that
-        engine, and its median run takes at most `inline_max_ms`; a cascade's later stages go to the worker.
+        An inline run does not wait for earlier-due queued work: that runs on the worker at the same time.
+        A cascade's later stages go to the worker as usual.
         """
+        engine = job.plan.engines[job.step]
+        inline = inline and self._quick(engine)
         with self._cond:
             self.check_room()
             self._jobs += 1
             job.submitted = time.monotonic()
-            engine = job.plan.engines[job.step]
-            inline = (
-                inline
-                and not self._heap
-                and self._inline is None
-                and engine != self._worker_engine
-                and self._fits_inline(engine)
-            )
-            if inline:
-                self._inline = engine
-            else:
+            if not inline:
                 heapq.heappush(self._heap, (job.deadline, next(self._seq), job))
                 self._cond.notify()
         if inline:
-            self._run_batch([job], inline=True)
+            self._run_batch([job])
 
-    def _fits_inline(self, engine: str) -> bool:
-        return self.predictor.typical(engine) <= self.inline_max_ms and engine in self.engines
+    def _quick(self, engine: str) -> bool:
+        runner = self.engines.get(engine)
+        return runner is not None and runner.concurrent and self.predictor.profiled_p50(engine) <= self.inline_max_ms
 
     def cancel(self, job: Job) -> bool:
         """The client went away: drop its queued work and free its slot at once.
@@ -190,15 +185,11 @@ class Scheduler:
                     self._cond.wait()
                 if self._stop:
                     return
-                if self._inline is not None:  # an inline run is under way on the event loop
-                    self._cond.wait()
-                    continue
                 batch = self._take_batch()
-                self._worker_engine = batch[0].plan.engines[batch[0].step] if batch else None
             if batch:
                 self._run_batch(batch)
 
-    def _run_batch(self, batch: list[Job], inline: bool = False) -> None:
+    def _run_batch(self, batch: list[Job]) -> None:
         try:
             self._run(batch)
         except Exception:  # a failing engine must not kill the worker; the jobs get a 500
@@ -209,11 +200,7 @@ class Scheduler:
                     self._finish(job)
         finally:
             with self._cond:
-                if inline:
-                    self._inline = None
-                else:
-                    self._worker_engine = None
-                if self._heap:
+                if self._heap:  # a cascade's next stage may have been queued by an inline run
                     self._cond.notify()
 
     def _take_batch(self) -> list[Job]:

@@ -48,21 +48,26 @@ class LoopLag:
     """How far behind the event loop is, measured by the requests it starts.
 
     Each request waits from the moment the parser read it to the moment the app starts it: the loop first
-    runs everything queued before it. The latest such wait stands for how long the loop's rounds take now,
-    and so for how long new data sits unread in the sockets meanwhile (which no clock in the server sees).
-    While that wait is over `budget_ms` and recent (younger than itself), new classify requests are refused
-    by the parser at once (503 overloaded): a refusal there costs a few percent of serving a request, so
-    the loop catches up instead of queueing without bound, and refused clients know within milliseconds.
+    runs everything queued before it. That wait, averaged over the last requests (an exponential average, so
+    that one stall of the machine does not count as overload), stands for how long the loop's rounds take
+    now, and so for how long new data sits unread in the sockets meanwhile (which no clock in the server
+    sees). While it is over `budget_ms` and recent, new classify requests are refused by the parser at once
+    (503 overloaded): a refusal there costs a few percent of serving a request, so the loop catches up
+    instead of queueing without bound, and refused clients know within milliseconds.
     """
+
+    WEIGHT = 0.2  # of the newest request in the average
 
     def __init__(self, budget_ms: float) -> None:
         self.budget_s = budget_ms / 1e3
         self.lag_s, self.at = 0.0, 0.0
 
     def entered(self, received: float, now: float) -> None:
-        self.lag_s, self.at = now - received, now
+        self.lag_s += self.WEIGHT * ((now - received) - self.lag_s)
+        self.at = now
 
     def behind_ms(self, now: float) -> float:
+        """The average wait while requests keep being started; 0 once none has been for about that long."""
         return self.lag_s * 1e3 if now - self.at <= max(self.lag_s, 1e-3) else 0.0
 
     def overloaded(self, now: float) -> bool:
