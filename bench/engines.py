@@ -18,7 +18,7 @@ import numpy as np
 
 from engines.factory import open_engine
 from engines.manifest import load_ladder
-from engines.profile import accuracy, measure_latency, predict_logits
+from engines.steps.measure import accuracy, measure_latency, predict_logits
 from models.data import FashionMNIST, PreprocessSpec
 
 VARIANTS = [("fp32", "onnxruntime"), ("int8", "onnxruntime"), ("fp16", "onnxruntime"), ("bf16", "openvino")]

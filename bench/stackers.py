@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from engines.ensemble import FOLDS, StackerKind, _candidate, member_features, soft_vote
+from engines.base import softmax
+from engines.ensemble import StackerKind, member_features, soft_vote
 from engines.factory import open_record
 from engines.manifest import load_ladder
-from engines.profile import accuracy, predict_logits
-from engines.thresholds import softmax
+from engines.steps.measure import accuracy, predict_logits
+from engines.steps.stacker import FOLDS, candidate
 from models.data import FashionMNIST, PreprocessSpec
 
 
@@ -41,8 +42,8 @@ def _logistic(c: float) -> Callable[[], Any]:
 
 # name -> (features from the members' logits, a new unfitted estimator)
 FITTED: dict[str, tuple[Callable[[list[np.ndarray]], np.ndarray], Callable[[], Any]]] = {
-    "LR": (member_features, lambda: _candidate(StackerKind.LOGISTIC, 0)),
-    "MLP": (member_features, lambda: _candidate(StackerKind.MLP, 0)),
+    "LR": (member_features, lambda: candidate(StackerKind.LOGISTIC, 0)),
+    "MLP": (member_features, lambda: candidate(StackerKind.MLP, 0)),
     "LR C=0.1": (member_features, _logistic(0.1)),
     "LR log-p": (_log_probs, _logistic(1.0)),
 }

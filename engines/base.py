@@ -111,3 +111,16 @@ def verify_artifact(path: Path, sha256: str | None) -> None:
         actual = sha256_file(path)
         if actual != sha256:
             raise ArtifactError(f"{path} is corrupt or was replaced: sha256 {actual[:12]}, manifest says {sha256[:12]}")
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax (the service's confidence, the stackers' input)."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def entropy(logits: np.ndarray) -> np.ndarray:
+    """Shannon entropy (nats) of the softmax of each row: the cascade's stopping signal."""
+    p = softmax(logits.astype(np.float64))
+    return -(p * np.log(np.clip(p, 1e-12, 1.0))).sum(axis=1)

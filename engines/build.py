@@ -27,19 +27,9 @@ from tqdm import tqdm
 from calibration.data import CalibrationSet
 from calibration.quantize import CalibrationMethod, quantize_int8
 from engines.base import Backend, Engine, Precision, sha256_file
-from engines.cuts import greedy_cuts
-from engines.ensemble import (
-    FOLDS,
-    StackerKind,
-    StackerSession,
-    export_stacker,
-    fit_stacker,
-    member_features,
-    open_ensemble,
-)
+from engines.ensemble import StackerKind, StackerSession, member_features
 from engines.ensemble import soft_vote as soft_vote_probs
-from engines.export import EXPORT_FORMAT, ExitGraph, StageGraph, export_graph, stage_input_shape
-from engines.factory import open_engine
+from engines.factory import open_engine, open_ensemble
 from engines.manifest import (
     Artifact,
     Calibration,
@@ -53,8 +43,11 @@ from engines.manifest import (
     Rung,
     Stage,
 )
-from engines.profile import accuracy, machine_info, measure_latency, measure_peak_memory, predict_logits
-from engines.thresholds import fit_thresholds, simulate
+from engines.steps.cuts import greedy_cuts
+from engines.steps.export import EXPORT_FORMAT, ExitGraph, StageGraph, export_graph, stage_input_shape
+from engines.steps.measure import accuracy, machine_info, measure_latency, measure_peak_memory, predict_logits
+from engines.steps.stacker import FOLDS, export_stacker, fit_stacker
+from engines.steps.thresholds import fit_thresholds, simulate
 from models.checkpoint import DEFAULT_CHECKPOINT, Checkpoint, load_checkpoint
 from models.data import DataSource, open_source
 from models.evaluate import count_macs

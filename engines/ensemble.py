@@ -1,29 +1,22 @@
-"""Ensemble rungs: member engines run concurrently, a scikit-learn stacker (ONNX) combines their probabilities.
+"""Ensemble rungs at run time: member engines run concurrently, an exported stacker (ONNX) combines them.
 
-The stacker is fitted on the val split from the members' outputs, chosen between logistic regression and an
-MLP by cross-validated accuracy, exported with skl2onnx and run by ONNX Runtime: nothing is unpickled, and a
-stacker file is refused unless its sha256 matches the manifest and its graph is a classifier of the expected
-form (inputs, outputs, operator types).
+The stacker is fitted offline (engines/steps/stacker.py) and run here by ONNX Runtime: nothing is unpickled,
+and a stacker file is refused unless its sha256 matches the manifest and its graph is a classifier of the
+expected form (inputs, outputs, operator types).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from engines.base import ArtifactError, Backend, Engine, EngineBase, Precision, verify_artifact
-from engines.manifest import Ensemble, Rung
-from engines.thresholds import softmax
+from engines.base import ArtifactError, Backend, Engine, EngineBase, Precision, softmax, verify_artifact
 
 STACKER_INPUT = "member_probabilities"
 STACKER_OUTPUTS = ("label", "probabilities")
-FOLDS = 5
 
 
 class StackerKind(StrEnum):
@@ -55,59 +48,6 @@ def soft_vote(member_logits: list[np.ndarray]) -> np.ndarray:
     return np.mean([softmax(np.asarray(z, np.float64)) for z in member_logits], axis=0)
 
 
-def _candidate(kind: StackerKind, seed: int) -> Any:
-    if kind is StackerKind.LOGISTIC:
-        from sklearn.linear_model import LogisticRegression
-
-        return LogisticRegression(C=1.0, max_iter=2000)
-    from sklearn.neural_network import MLPClassifier
-
-    return MLPClassifier(hidden_layer_sizes=(64,), alpha=1e-3, max_iter=300, random_state=seed)
-
-
-@dataclass
-class StackerFit:
-    kind: StackerKind
-    estimator: Any  # the chosen candidate, fitted on all of the features
-    cv_accuracy: dict[str, float]  # each candidate's out-of-fold accuracy
-    oof_predictions: np.ndarray  # the chosen candidate's out-of-fold labels
-
-
-def fit_stacker(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> StackerFit:
-    """Choose LR or MLP by stratified k-fold accuracy (out-of-fold), then refit the winner on everything."""
-    import warnings
-
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.model_selection import StratifiedKFold, cross_val_predict
-
-    folds = StratifiedKFold(FOLDS, shuffle=True, random_state=seed)
-    oof: dict[StackerKind, np.ndarray] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)  # the MLP stops at max_iter; CV measures the result
-        for kind in StackerKind:
-            oof[kind] = cross_val_predict(_candidate(kind, seed), features, labels, cv=folds)
-        scores = {str(k): float((p == labels).mean()) for k, p in oof.items()}
-        best = max(StackerKind, key=lambda k: scores[str(k)])  # ties keep the first: logistic regression
-        estimator = _candidate(best, seed).fit(features, labels)
-    return StackerFit(best, estimator, scores, oof[best])
-
-
-def export_stacker(estimator: Any, n_features: int, path: Path) -> Path:
-    """skl2onnx export: float input, no ZipMap, so the graph outputs (label, float probabilities)."""
-    from skl2onnx import to_onnx
-    from skl2onnx.common.data_types import FloatTensorType
-
-    onx = to_onnx(
-        estimator,
-        initial_types=[(STACKER_INPUT, FloatTensorType([None, n_features]))],
-        options={id(estimator): {"zipmap": False}},
-        target_opset={"": 18, "ai.onnx.ml": 3},
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(onx.SerializeToString())
-    return path
-
-
 def check_stacker_graph(path: Path, kind: StackerKind, n_features: int, num_classes: int) -> None:
     """Refuse a graph that is not a `kind` stacker over `n_features` probabilities giving `num_classes`."""
     import onnx
@@ -135,7 +75,7 @@ class StackerSession:
     """The stacker, verified (sha256, graph form) and opened in ONNX Runtime on one thread."""
 
     def __init__(self, path: Path, sha256: str | None, kind: StackerKind, n_features: int, num_classes: int) -> None:
-        from engines.onnxruntime import _ort, session_options
+        from engines.backends.onnxruntime import _ort, session_options
 
         verify_artifact(path, sha256)
         check_stacker_graph(path, StackerKind(kind), n_features, num_classes)
@@ -177,25 +117,3 @@ class EnsembleEngine(EngineBase):
         self._pool.shutdown(wait=True)
         for m in self.members:
             m.close()
-
-
-def open_ensemble(
-    directory: Path, record: Ensemble, rungs: Mapping[str, Rung], num_classes: int, threads: int
-) -> EnsembleEngine:
-    """Open an ensemble rung: its member rungs with the threads split between them, and its stacker."""
-    from engines.factory import open_engine
-
-    members = [rungs[name] for name in record.members]
-    per_member = max(1, threads // len(members))
-    engines = [
-        open_engine(r.backend, Path(directory) / r.artifact.path, r.precision, per_member, r.artifact.sha256)
-        for r in members
-    ]
-    stacker = StackerSession(
-        Path(directory) / record.artifact.path,
-        record.artifact.sha256,
-        StackerKind(record.stacker),
-        len(members) * num_classes,
-        num_classes,
-    )
-    return EnsembleEngine(engines, stacker, record.precision)

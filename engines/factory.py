@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from engines.base import Backend, Engine, Precision
-from engines.manifest import EngineRecord, Ensemble, Ladder
+from engines.ensemble import EnsembleEngine, StackerKind, StackerSession
+from engines.manifest import EngineRecord, Ensemble, Ladder, Rung
 
 
 def open_engine(
@@ -14,25 +16,43 @@ def open_engine(
     """Load `path` with `backend`; raises BackendUnavailable when that backend cannot run here."""
     backend = Backend(backend)
     if backend is Backend.ONNXRUNTIME:
-        from engines.onnxruntime import OnnxRuntimeEngine
+        from engines.backends.onnxruntime import OnnxRuntimeEngine
 
         return OnnxRuntimeEngine(path, precision, threads, sha256)
     if backend is Backend.OPENVINO:
-        from engines.openvino import OpenVinoEngine
+        from engines.backends.openvino import OpenVinoEngine
 
         return OpenVinoEngine(path, precision, threads, sha256)
     if backend is Backend.TENSORRT:
-        from engines.tensorrt import TensorRTEngine
+        from engines.backends.tensorrt import TensorRTEngine
 
         return TensorRTEngine(path, sha256=sha256)
     raise ValueError(f"backend {backend} has no engine file to open (the torch engine wraps a live model)")
 
 
+def open_ensemble(
+    directory: Path, record: Ensemble, rungs: Mapping[str, Rung], num_classes: int, threads: int
+) -> EnsembleEngine:
+    """Open an ensemble rung: its member rungs with the threads split between them, and its stacker."""
+    members = [rungs[name] for name in record.members]
+    per_member = max(1, threads // len(members))
+    engines = [
+        open_engine(r.backend, Path(directory) / r.artifact.path, r.precision, per_member, r.artifact.sha256)
+        for r in members
+    ]
+    stacker = StackerSession(
+        Path(directory) / record.artifact.path,
+        record.artifact.sha256,
+        StackerKind(record.stacker),
+        len(members) * num_classes,
+        num_classes,
+    )
+    return EnsembleEngine(engines, stacker, record.precision)
+
+
 def open_record(directory: Path, ladder: Ladder, record: EngineRecord, threads: int = 2) -> Engine:
     """The engine of one ladder record: a rung's or stage's file, or an ensemble with its member rungs."""
     if isinstance(record, Ensemble):
-        from engines.ensemble import open_ensemble
-
         rungs = {r.name: r for r in ladder.rungs}
         return open_ensemble(directory, record, rungs, len(ladder.class_names), threads)
     path = Path(directory) / record.artifact.path

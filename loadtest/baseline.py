@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
-from engines.onnxruntime import session_options
+from engines.backends.onnxruntime import session_options
 from loadtest.harness import free_port, running_process
 
 UVICORN_FLAGS: dict[str, Any] = {

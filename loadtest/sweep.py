@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from engines import profile
 from engines.factory import open_record
 from engines.manifest import Ensemble, Ladder, Rung, load_ladder
+from engines.steps import measure as profile
 from loadtest.baseline import baseline_rung, running_baseline
 from loadtest.client import LoadConfig, run_load
 from loadtest.harness import running_server

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engines.base import Engine
-from engines.thresholds import entropy
+from engines.base import Engine, entropy
 from service.errors import ApiError, DeadlineExpired, InternalError, QueueFull, ShuttingDown
 from service.planner import OnInfeasible, Plan, Planner, Policy
 from service.predictor import LatencyPredictor

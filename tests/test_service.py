@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
+from engines.base import entropy
 from engines.factory import open_engine
 from engines.manifest import Ladder
-from engines.thresholds import entropy
 from loadtest.harness import png_base64, running_server
 from models.data import FashionMNIST
 from service.app import create_app

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from engines.backends.torch import TorchEngine
 from engines.base import Backend, Engine, Precision
-from engines.export import ExitGraph
 from engines.factory import open_engine
 from engines.manifest import Ladder
-from engines.torch import TorchEngine
+from engines.steps.export import ExitGraph
 from models.checkpoint import Checkpoint
 from models.data import FashionMNIST
 
@@ -127,7 +127,8 @@ class _TensorRTConformance(EngineConformance):
     def open(self, ladder_dir: Path, ladder: Ladder, name: str) -> Engine:
         import tempfile
 
-        from engines.tensorrt import TensorRTEngine, build_plan
+        from engines.backends.tensorrt import TensorRTEngine
+        from engines.steps.plans import build_plan
 
         graph = name.split(".")[0]
         source = ladder_dir / (f"{graph}.int8.trt.onnx" if self.precision is Precision.INT8 else f"{graph}.fp32.onnx")

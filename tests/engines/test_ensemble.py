@@ -10,22 +10,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from engines.base import ArtifactError, Backend, Precision, sha256_file
+from engines.backends.onnxruntime import OnnxRuntimeEngine
+from engines.base import ArtifactError, Backend, Precision, sha256_file, softmax
 from engines.build import _keep_pareto_ensembles
-from engines.ensemble import (
-    EnsembleEngine,
-    StackerError,
-    StackerKind,
-    StackerSession,
-    export_stacker,
-    fit_stacker,
-    member_features,
-    open_ensemble,
-    soft_vote,
-)
+from engines.ensemble import EnsembleEngine, StackerError, StackerKind, StackerSession, member_features, soft_vote
+from engines.factory import open_ensemble
 from engines.manifest import Artifact, Ensemble, LatencyProfile, Rung
-from engines.onnxruntime import OnnxRuntimeEngine
-from engines.thresholds import softmax
+from engines.steps.stacker import candidate, export_stacker, fit_stacker
 
 CLASSES, PIXELS = 10, 16
 
@@ -81,11 +72,9 @@ def test_stacker_is_chosen_by_cross_validation_and_beats_one_member() -> None:
 
 @pytest.mark.parametrize("kind", list(StackerKind))
 def test_stacker_round_trip_gives_identical_predictions(tmp_path: Path, kind: StackerKind) -> None:
-    from engines.ensemble import _candidate
-
     logits, labels = _synthetic(400, 2, seed=1)
     features = member_features(logits)
-    estimator = _candidate(kind, 0).fit(features, labels)
+    estimator = candidate(kind, 0).fit(features, labels)
     path = export_stacker(estimator, features.shape[1], tmp_path / f"{kind}.onnx")
     session = StackerSession(path, sha256_file(path), kind, features.shape[1], CLASSES)
     probs = session.predict_proba(features)

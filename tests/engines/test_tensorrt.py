@@ -101,14 +101,15 @@ def onnx_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def fp32_plan(onnx_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engines.tensorrt import build_plan
+    from engines.steps.plans import build_plan
 
     return build_plan(onnx_path, tmp_path_factory.mktemp("plan") / "tiny.fp32.plan", Precision.FP32)
 
 
 @pytest.mark.parametrize(("precision", "tol"), [(Precision.FP32, 1e-4), (Precision.FP16, 1e-2)])
 def test_plan_matches_onnxruntime(onnx_path: Path, tmp_path: Path, precision: Precision, tol: float) -> None:
-    from engines.tensorrt import TensorRTEngine, build_plan
+    from engines.backends.tensorrt import TensorRTEngine
+    from engines.steps.plans import build_plan
 
     plan = build_plan(onnx_path, tmp_path / f"tiny.{precision}.plan", precision)
     engine = TensorRTEngine(plan, onnx_sha256=sha256_file(onnx_path), sha256=sha256_file(plan))
@@ -125,7 +126,8 @@ def test_plan_matches_onnxruntime(onnx_path: Path, tmp_path: Path, precision: Pr
 
 
 def test_int8_plan_from_qdq_model(tmp_path: Path) -> None:
-    from engines.tensorrt import TensorRTEngine, build_plan
+    from engines.backends.tensorrt import TensorRTEngine
+    from engines.steps.plans import build_plan
 
     qdq = _tiny_graph(tmp_path / "tiny.qdq.onnx", quantized=True)
     engine = TensorRTEngine(build_plan(qdq, tmp_path / "tiny.int8.plan", Precision.INT8))
@@ -152,14 +154,14 @@ def test_sidecar_records_what_the_plan_was_built_from(onnx_path: Path, fp32_plan
 
 
 def test_engine_refuses_a_plan_from_another_onnx(fp32_plan: Path) -> None:
-    from engines.tensorrt import TensorRTEngine
+    from engines.backends.tensorrt import TensorRTEngine
 
     with pytest.raises(ArtifactError, match="another ONNX"):
         TensorRTEngine(fp32_plan, onnx_sha256="0" * 64)
 
 
 def test_changed_plan_fails_verification(fp32_plan: Path, tmp_path: Path) -> None:
-    from engines.tensorrt import TensorRTEngine
+    from engines.backends.tensorrt import TensorRTEngine
 
     plan = tmp_path / fp32_plan.name
     shutil.copy(fp32_plan, plan)
@@ -175,14 +177,15 @@ def test_changed_plan_fails_verification(fp32_plan: Path, tmp_path: Path) -> Non
 
 
 def test_int8_needs_a_qdq_model(onnx_path: Path, tmp_path: Path) -> None:
-    from engines.tensorrt import build_plan
+    from engines.steps.plans import build_plan
 
     with pytest.raises(ValueError, match="QuantizeLinear"):
         build_plan(onnx_path, tmp_path / "tiny.int8.plan", Precision.INT8)
 
 
 def test_batch_over_profile_max_is_refused(onnx_path: Path, tmp_path: Path) -> None:
-    from engines.tensorrt import TensorRTEngine, build_plan
+    from engines.backends.tensorrt import TensorRTEngine
+    from engines.steps.plans import build_plan
 
     engine = TensorRTEngine(build_plan(onnx_path, tmp_path / "tiny.plan", Precision.FP32, batch_sizes=(1, 8)))
     try:

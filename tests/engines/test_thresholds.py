@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engines.thresholds import entropy, fit_thresholds, simulate
+from engines.base import entropy
+from engines.steps.thresholds import fit_thresholds, simulate
 
 
 def test_entropy_bounds() -> None:

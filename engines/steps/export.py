@@ -12,8 +12,8 @@ import onnx
 import torch
 from torch import nn
 
+from engines.backends.onnxruntime import OnnxRuntimeEngine
 from engines.base import Precision
-from engines.onnxruntime import OnnxRuntimeEngine
 
 EXPORT_TOLERANCE = 1e-4  # max abs logit difference, FP32 ONNX Runtime vs torch
 OPSET = 18

@@ -1,10 +1,10 @@
-"""TensorRT (>= 10) backend: build a plan from an ONNX file, and run it on an NVIDIA GPU.
+"""TensorRT (>= 10) backend: run a plan on an NVIDIA GPU (plans are built by engines/steps/plans.py).
 
 `tensorrt` and CUDA are touched only inside functions, so this module imports on a CPU-only machine;
 there every entry point raises `BackendUnavailable`. Device buffers are torch CUDA tensors, so no
 pycuda / cuda-python is needed.
 
-A plan only runs on the TensorRT version and the GPU model that built it, so `build_plan` writes a sidecar
+A plan only runs on the TensorRT version and the GPU model that built it, so the plan step writes a sidecar
 JSON next to the plan, and `TensorRTEngine` refuses a plan whose sidecar names another version or GPU.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import os
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -27,7 +26,6 @@ from engines.base import (
     BackendUnavailable,
     EngineBase,
     Precision,
-    sha256_file,
     verify_artifact,
 )
 
@@ -35,10 +33,9 @@ if TYPE_CHECKING:
     import torch
 
 MIN_TENSORRT_MAJOR = 10
-SUPPORTED_PRECISIONS = (Precision.FP32, Precision.FP16, Precision.INT8)
 
 
-def _require_tensorrt() -> ModuleType:
+def require_tensorrt() -> ModuleType:
     """Import tensorrt, or say why this machine cannot build or run plans."""
     try:
         trt = importlib.import_module("tensorrt")
@@ -57,7 +54,7 @@ def _require_tensorrt() -> ModuleType:
 
 
 @functools.cache
-def _logger() -> Any:
+def trt_logger() -> Any:
     # TensorRT keeps one process-wide logger: builders and runtimes given different ones warn, and the
     # logger must outlive them all.
     trt = importlib.import_module("tensorrt")
@@ -65,137 +62,8 @@ def _logger() -> Any:
 
 
 def sidecar_path(plan_path: Path) -> Path:
-    """Where `build_plan` records what a plan was built from and for."""
+    """Where the plan step records what a plan was built from and for."""
     return plan_path.with_suffix(".json")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    # A crash mid-write must not leave a truncated plan that looks like a finished one.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _check_int8_onnx(onnx_path: Path) -> None:
-    """Refuse an ONNX file that is not an explicitly quantized (QDQ) model TensorRT can take."""
-    import onnx
-
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    quantize_nodes = [node for node in model.graph.node if node.op_type == "QuantizeLinear"]
-    if not quantize_nodes:
-        # TensorRT's implicit INT8 calibrators are deprecated since 10.1; we only build from QDQ models.
-        raise ValueError(
-            f"{onnx_path} has no QuantizeLinear nodes: INT8 plans are built only from a QDQ model "
-            "(explicit quantization); calibrate it first"
-        )
-    initializers = {init.name: init for init in model.graph.initializer}
-    for node in quantize_nodes:
-        zero_point = initializers.get(node.input[2]) if len(node.input) > 2 else None
-        if zero_point is not None and zero_point.data_type == onnx.TensorProto.UINT8:
-            # ONNX Runtime's default CPU form; TensorRT wants symmetric signed int8 with zero point 0.
-            raise ValueError(
-                f"{onnx_path} quantizes to uint8 (node {node.name!r}): TensorRT needs the symmetric signed "
-                "int8 QDQ file"
-            )
-
-
-def _profile_batches(batch_sizes: tuple[int, ...]) -> tuple[int, int, int]:
-    """(min, opt, max) batch for the single optimisation profile.
-
-    TensorRT tunes its kernels for `opt` and only guarantees the others run. The median of the batch sizes
-    we serve (8 of 1/8/32) sits between the latency-bound batch 1 and the throughput-bound batch 32, so
-    neither end is far from the shape the kernels were timed on.
-    """
-    sizes = sorted(set(batch_sizes))
-    if not sizes or sizes[0] < 1:
-        raise ValueError(f"batch sizes must be positive integers, got {batch_sizes}")
-    return sizes[0], sizes[(len(sizes) - 1) // 2], sizes[-1]
-
-
-def _set_precision_flags(trt: ModuleType, config: Any, precision: Precision) -> None:
-    flags = trt.BuilderFlag
-    if precision is Precision.FP32:
-        # TF32 is on by default and rounds matmul inputs to 10 mantissa bits; the FP32 rung is the
-        # accuracy reference of the ladder, so it must be real FP32. FP16 is the fast rung.
-        if hasattr(flags, "TF32"):
-            config.clear_flag(flags.TF32)
-    elif precision is Precision.FP16:
-        if not hasattr(flags, "FP16"):
-            # TensorRT 11 removed the weak-typing flags: FP16 would need an FP16-typed (AutoCast) ONNX.
-            raise BackendUnavailable(f"tensorrt {trt.__version__} has no FP16 builder flag; FP16 plans need 10.x")
-        config.set_flag(flags.FP16)
-    elif hasattr(flags, "INT8"):  # INT8 on TensorRT 10
-        # The network is weakly typed, and a QDQ model still needs the INT8 flag for its Q/DQ layers to
-        # build; FP16 lets the layers outside Q/DQ pairs run in half precision instead of FP32.
-        config.set_flag(flags.INT8)
-        config.set_flag(flags.FP16)
-    # INT8 on TensorRT 11: no precision flags exist; networks are strongly typed and the Q/DQ nodes decide.
-
-
-def build_plan(
-    onnx_path: Path,
-    plan_path: Path,
-    precision: Precision,
-    batch_sizes: tuple[int, ...] = (1, 8, 32),
-    workspace_bytes: int = 1 << 30,
-) -> Path:
-    """Build a TensorRT plan for batches min(batch_sizes)..max(batch_sizes), write it and its sidecar."""
-    onnx_path, plan_path, precision = Path(onnx_path), Path(plan_path), Precision(precision)
-    if precision not in SUPPORTED_PRECISIONS:
-        raise ValueError(f"TensorRT plans are built in {', '.join(SUPPORTED_PRECISIONS)}, not {precision}")
-    batch_min, batch_opt, batch_max = _profile_batches(batch_sizes)
-    if not onnx_path.is_file():
-        raise ArtifactError(f"missing ONNX file {onnx_path}")
-    if precision is Precision.INT8:
-        _check_int8_onnx(onnx_path)
-    trt = _require_tensorrt()
-    import torch
-
-    onnx_sha256 = sha256_file(onnx_path)  # of the bytes TensorRT is about to parse
-    builder = trt.Builder(_logger())
-    network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
-    parser = trt.OnnxParser(network, _logger())
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise RuntimeError(f"TensorRT cannot parse {onnx_path}: {errors}")
-
-    if network.num_inputs != 1:
-        raise ValueError(f"{onnx_path} has {network.num_inputs} inputs, expected one")
-    net_input = network.get_input(0)
-    shape = tuple(net_input.shape)
-    if shape[0] != -1 or any(d < 1 for d in shape[1:]):
-        raise ValueError(f"{onnx_path} input {net_input.name!r} has shape {shape}: need a dynamic batch axis only")
-    item_shape = shape[1:]
-    output_names = [network.get_output(i).name for i in range(network.num_outputs)]
-
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
-    _set_precision_flags(trt, config, precision)
-    profile = builder.create_optimization_profile()
-    profile.set_shape(net_input.name, (batch_min, *item_shape), (batch_opt, *item_shape), (batch_max, *item_shape))
-    config.add_optimization_profile(profile)
-
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise RuntimeError(f"TensorRT failed to build a {precision} plan from {onnx_path} (its log is on stderr)")
-    _write_atomic(plan_path, bytes(serialized))
-
-    major, minor = torch.cuda.get_device_capability()
-    meta = {
-        "tensorrt_version": trt.__version__,
-        "gpu_name": torch.cuda.get_device_name(),
-        "compute_capability": f"{major}.{minor}",
-        "onnx_sha256": onnx_sha256,
-        "precision": str(precision),
-        "batch_sizes": sorted(set(batch_sizes)),
-        "profile": {"min": batch_min, "opt": batch_opt, "max": batch_max},
-        "input_name": net_input.name,
-        "input_shape": list(item_shape),
-        "output_names": output_names,
-    }
-    _write_atomic(sidecar_path(plan_path), (json.dumps(meta, indent=2) + "\n").encode())
-    return plan_path
 
 
 def _read_sidecar(plan_path: Path) -> dict[str, Any]:
@@ -236,7 +104,7 @@ class TensorRTEngine(EngineBase):
         plan_path = Path(plan_path)
         verify_artifact(plan_path, sha256)
         meta = _read_sidecar(plan_path)
-        trt = _require_tensorrt()
+        trt = require_tensorrt()
         import torch
 
         # Plans are not portable: another TensorRT version or GPU model either fails to load or runs
@@ -256,7 +124,7 @@ class TensorRTEngine(EngineBase):
         self._lock = threading.Lock()
         self._device = torch.device("cuda", torch.cuda.current_device())
         self._stream = torch.cuda.Stream(self._device)
-        self._runtime = trt.Runtime(_logger())
+        self._runtime = trt.Runtime(trt_logger())
         self._engine = self._runtime.deserialize_cuda_engine(plan_path.read_bytes())
         if self._engine is None:
             raise ArtifactError(f"TensorRT could not deserialize {plan_path} (its log is on stderr)")

@@ -7,19 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines.base import entropy
+
 MAX_COMBINATIONS = 20_000
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def entropy(logits: np.ndarray) -> np.ndarray:
-    """Shannon entropy (nats) of the softmax of each row."""
-    p = softmax(logits.astype(np.float64))
-    return -(p * np.log(np.clip(p, 1e-12, 1.0))).sum(axis=1)
 
 
 @dataclass(frozen=True)
