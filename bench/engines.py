@@ -18,7 +18,8 @@ import numpy as np
 
 from engines.factory import open_engine
 from engines.manifest import load_ladder
-from engines.steps.measure import accuracy, measure_latency, predict_logits
+from engines.steps.evaluate import accuracy, predict_logits
+from engines.steps.measure import ProfileConfig, measure_latency
 from models.data import FashionMNIST, PreprocessSpec
 
 VARIANTS = [("fp32", "onnxruntime"), ("int8", "onnxruntime"), ("fp16", "onnxruntime"), ("bf16", "openvino")]
@@ -55,7 +56,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for variant, (_, engine) in engines.items():
                 for batch in (1, 32):
-                    times[variant][batch].append(measure_latency(engine, batch, args.runs).p50_ms)
+                    times[variant][batch].append(measure_latency(engine, batch, ProfileConfig.fixed(args.runs)).p50_ms)
         p50 = {v: {b: float(np.median(t)) for b, t in bt.items()} for v, bt in times.items()}
         acc = {v: accuracy(predict_logits(e, test, spec), test.labels) for v, (_, e) in engines.items()}
         base = ("fp32", "onnxruntime")

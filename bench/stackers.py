@@ -25,7 +25,7 @@ from engines.base import softmax
 from engines.ensemble import StackerKind, member_features, soft_vote
 from engines.factory import open_record
 from engines.manifest import load_ladder
-from engines.steps.measure import accuracy, predict_logits
+from engines.steps.evaluate import accuracy, predict_logits
 from engines.steps.stacker import FOLDS, candidate
 from models.data import FashionMNIST, PreprocessSpec
 

@@ -88,7 +88,12 @@ class Ensemble(EngineRecord):
 
 
 class EnsembleTried(_Model):
-    """One ensemble the builder fitted and measured; only those on the accuracy/latency front are kept."""
+    """One member set the ensemble search fitted; only ensembles on the accuracy/latency front are kept.
+
+    `measured` False: the set was pruned before timing, because a rung or another set was at least as
+    accurate and, by the estimate (the sum of the members' p50), no slower; `p50_ms_batch1` is then that
+    estimate and `stacker` the logistic regression the search scores with.
+    """
 
     name: str
     members: list[str]
@@ -99,6 +104,29 @@ class EnsembleTried(_Model):
     p50_ms_batch1: float
     kept: bool
     dominated_by: str | None = None
+    measured: bool = True
+
+
+class ProbeEngine(_Model):
+    """One engine of the probe graph: p50 at batch 1 (interleaved rounds) and, where it was needed, val accuracy."""
+
+    name: str
+    precision: Precision
+    backend: Backend
+    p50_ms_batch1: float
+    runs: int
+    val_accuracy: float | None = None
+
+
+class Probe(_Model):
+    """Which optional precisions can pay on this machine, decided on one representative graph."""
+
+    graph: str
+    rule: str
+    engines: list[ProbeEngine]
+    pays: dict[str, bool]  # precision -> can pay here
+    reasons: dict[str, str]
+    built: list[Precision]  # the precisions this ladder was built in (FP32 and INT8 always)
 
 
 class Stage(EngineRecord):
@@ -162,6 +190,9 @@ class Ladder(_Model):
     ensemble_search: list[EnsembleTried] = Field(default_factory=list)
     tensorrt_sources: list[Artifact] = Field(default_factory=list)  # symmetric QDQ ONNX for TensorRT plans
     build_seconds: float = 0.0
+    probe: Probe | None = None
+    # Steps run and skipped (cached) by the last build, and seconds spent per step family.
+    build_steps: dict[str, float] = Field(default_factory=dict)
 
     def rung(self, name: str) -> Rung:
         for r in self.rungs:

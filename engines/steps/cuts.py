@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from engines.steps.context import BuildContext
 from models.data import PreprocessSpec, Split
 from models.evaluate import time_call
+
+
+@dataclass(frozen=True)
+class CutConfig:
+    min_cuts: int = 3
+    max_drop_pp: float = 5.0  # a cut variant this far below the full network's val accuracy is never kept
+    search_images: int = 2000  # val images the greedy search scores each removal on
+    # The search stops once its path is this much further below the full network (on its val images) than
+    # `max_drop_pp`, and variants there are not exported: they can never be candidates.
+    search_margin_pp: float = 2.0
 
 
 def _block(model: Any, name: str) -> nn.Module:
@@ -43,18 +55,26 @@ def val_accuracy(model: Any, split: Split, spec: PreprocessSpec, cut: tuple[str,
     return hits / len(split)
 
 
-def greedy_cuts(model: Any, val: Split, spec: PreprocessSpec) -> list[dict[str, float | str]]:
+def greedy_cuts(
+    model: Any, val: Split, spec: PreprocessSpec, stop_below_pp: float = 100.0
+) -> list[dict[str, float | str]]:
     """The greedy path: at each step the block whose removal costs the least val accuracy per ms saved.
 
     ms saved per block is measured in torch eager at batch 32 (the exported variants are then measured
-    for real with the engines); accuracy is the last exit's on `val`.
+    for real with the engines); accuracy is the last exit's on `val`. The path ends once it is more than
+    `stop_below_pp` below the full network.
     """
-    saved = block_ms(model, spec, val.images[:32])
+    return _greedy_path(model, val, spec, block_ms(model, spec, val.images[:32]), stop_below_pp)[1]
+
+
+def _greedy_path(
+    model: Any, val: Split, spec: PreprocessSpec, saved: dict[str, float], stop_below_pp: float
+) -> tuple[float, list[dict[str, float | str]]]:
     cut: tuple[str, ...] = ()
-    current = val_accuracy(model, val, spec, cut)
+    current = full = val_accuracy(model, val, spec, cut)
     steps: list[dict[str, float | str]] = []
     remaining = list(saved)
-    while remaining:
+    while remaining and current >= full - stop_below_pp / 100:
         scored = []
         for name in remaining:
             acc = val_accuracy(model, val, spec, (*cut, name))
@@ -64,4 +84,40 @@ def greedy_cuts(model: Any, val: Split, spec: PreprocessSpec) -> list[dict[str, 
         remaining.remove(name)
         steps.append({"dropped": name, "val_accuracy": acc, "ms_saved_per_image": saved[name]})
         current = acc
-    return steps
+    return full, steps
+
+
+def search_cuts(ctx: BuildContext, config: CutConfig) -> tuple[float, list[dict[str, float | str]]]:
+    """(the full network's search accuracy, the greedy path); reused while the checkpoint and val are unchanged."""
+    val = ctx.inputs.split("val").head(config.search_images)
+    key = {
+        "checkpoint": ctx.inputs.artifact.sha256,
+        "val": val.fingerprint,
+        "stop_below_pp": config.max_drop_pp + config.search_margin_pp,
+        "threads": ctx.threads,  # block timings rank the removals
+        "torch": ctx.versions["torch"],
+    }
+
+    def make() -> dict[str, Any]:
+        # Block timings with the ladder's threads; the accuracy passes are not timed and use every core.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(ctx.threads)
+        saved = block_ms(ctx.inputs.model, ctx.inputs.spec, val.images[:32])
+        torch.set_num_threads(ctx.eval_threads)
+        try:
+            full, path = _greedy_path(
+                ctx.inputs.model, val, ctx.inputs.spec, saved, config.max_drop_pp + config.search_margin_pp
+            )
+        finally:
+            torch.set_num_threads(threads)
+        return {"full": full, "steps": path}
+
+    result = ctx.cache.run("cut-search", key, make)
+    return float(result["full"]), result["steps"]
+
+
+def exported_cuts(full: float, steps: list[dict[str, float | str]], config: CutConfig) -> list[tuple[str, ...]]:
+    """The cumulative cuts of the path that can still be candidates (within max_drop + margin on the search)."""
+    floor = full - (config.max_drop_pp + config.search_margin_pp) / 100
+    cuts = [tuple(str(s["dropped"]) for s in steps[: i + 1]) for i in range(len(steps))]
+    return [c for c, s in zip(cuts, steps, strict=True) if float(s["val_accuracy"]) >= floor]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,9 @@ from torch import nn
 
 from engines.backends.onnxruntime import OnnxRuntimeEngine
 from engines.base import Precision
+from engines.steps.context import BuildContext
+from engines.steps.graphs import Graph
+from engines.steps.parallel import run_steps
 
 EXPORT_TOLERANCE = 1e-4  # max abs logit difference, FP32 ONNX Runtime vs torch
 OPSET = 18
@@ -127,3 +132,82 @@ class _quiet_exporter:
     def __exit__(self, *exc: object) -> None:
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+@dataclass(frozen=True)
+class ExportJob:
+    """One graph to export: from `checkpoint` (the member's own for a member graph) to `path`."""
+
+    checkpoint: str
+    graph: Graph
+    path: str
+
+
+@functools.cache
+def _model(checkpoint: str) -> Any:
+    from models.checkpoint import load_checkpoint
+
+    return load_checkpoint(Path(checkpoint)).build_model()  # the parent process checked it against the data
+
+
+def run_export_job(job: ExportJob) -> None:
+    model = _model(job.checkpoint)
+    g = job.graph
+    module = (
+        model
+        if g.kind == "member"
+        else StageGraph(model, g.exit)
+        if g.kind == "stage"
+        else ExitGraph(model, g.exit, g.cut)
+    )
+    export_graph(module, g.item_shape, Path(job.path), g.outputs)
+
+
+def export_key(ctx: BuildContext, g: Graph) -> dict[str, Any]:
+    """A member graph depends on its own checkpoint only, so retraining the main model keeps it."""
+    return {
+        "graph": g.spec(),
+        "checkpoint": g.source or ctx.inputs.artifact.sha256,
+        "format": EXPORT_FORMAT,
+        "opset": OPSET,
+        "versions": {k: ctx.versions[k] for k in ("torch", "onnx", "onnxruntime")},
+    }
+
+
+def export_graphs(ctx: BuildContext, graphs: list[Graph]) -> None:
+    """Each graph's FP32 ONNX file, exported in `ctx.workers` processes; unchanged graphs are skipped."""
+    jobs = []
+    for g in graphs:
+        path = ctx.out / g.file(Precision.FP32)
+        source = ctx.inputs.members[g.name].path if g.kind == "member" else ctx.inputs.checkpoint_path
+        jobs.append((f"export/{g.name}", export_key(ctx, g), ExportJob(str(Path(source).resolve()), g, str(path))))
+    run_steps(ctx, run_export_job, jobs, lambda job: [Path(job.path)], "export ONNX")
+
+
+def fp16_file(ctx: BuildContext, g: Graph) -> Path:
+    """The FP16 ONNX file (for GPUs; measured on this CPU only when asked or probed), from the FP32 one."""
+    fp32, fp16 = ctx.out / g.file(Precision.FP32), ctx.out / g.file(Precision.FP16)
+    key = {"source": ctx.cache.sha256(fp32), "converter": _converter_version()}
+
+    def make() -> None:
+        convert_fp16(fp32, fp16)
+
+    ctx.cache.run(f"fp16/{g.name}", key, make, [fp16])
+    return fp16
+
+
+def convert_fp16(fp32: Path, fp16: Path) -> Path:
+    """FP16 weights and arithmetic, float32 inputs and outputs (the engine interface stays float32)."""
+    from onnxconverter_common import float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one warning per weight truncated to FP16's range
+        half = float16.convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True)
+    onnx.save(half, str(fp16))
+    return fp16
+
+
+def _converter_version() -> str:
+    from importlib.metadata import version
+
+    return version("onnxconverter-common")

@@ -1,4 +1,13 @@
-"""Measurements for the manifest: latency percentiles, accuracy, peak memory. Methods stated in each docstring."""
+"""Latency profiles and peak memory of one engine, measured serially on a quiet machine; the stop rule stated here.
+
+The stop rule (`ProfileConfig`): warm up, then time single calls. After a floor of `min_runs` timed runs,
+and every `check_every` runs after that, the p99's 95 % percentile-bootstrap interval (`resamples`
+resamples, fixed seed) is computed; timing stops as soon as both ends lie within ±`tolerance` of the p99.
+It also stops at the cap of `max_runs` runs, or once timing this profile has taken `max_seconds` (never
+before the floor). Each profile records the runs it took, so floor <= runs <= cap. Stable, slow profiles
+(batch 32 of big engines, where most measuring time went at a fixed 200 runs) stop at the floor; noisy, fast
+ones (batch 1) run on, which costs little.
+"""
 
 from __future__ import annotations
 
@@ -6,46 +15,72 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from engines.base import Engine
 from engines.manifest import LatencyProfile
-from models.data import PreprocessSpec, Split
 
 
-def measure_latency(engine: Engine, batch: int, runs: int = 200, warmup: int = 20) -> LatencyProfile:
-    """Wall time of `engine.run` on one random batch: `warmup` untimed calls, then `runs` timed ones."""
-    x = np.random.default_rng(batch).standard_normal((batch, *engine.input_shape)).astype(np.float32)  # type: ignore[attr-defined]
-    for _ in range(warmup):
-        engine.run(x)
-    samples = np.empty(runs)
-    for i in range(runs):
-        start = time.perf_counter()
-        engine.run(x)
-        samples[i] = time.perf_counter() - start
-    p50, p90, p99 = np.percentile(samples * 1e3, [50, 90, 99])
-    return LatencyProfile(batch=batch, p50_ms=float(p50), p90_ms=float(p90), p99_ms=float(p99), runs=runs)
+@dataclass(frozen=True)
+class ProfileConfig:
+    threads: int = 1
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    min_runs: int = 50
+    max_runs: int = 1000
+    max_seconds: float = 0.5
+    tolerance: float = 0.05
+    check_every: int = 25
+    resamples: int = 200
+    warmup: int = 10
+
+    @classmethod
+    def fixed(cls, runs: int, **options: Any) -> ProfileConfig:
+        """Exactly `runs` timed runs (benchmarks that compare engines side by side)."""
+        return cls(min_runs=runs, max_runs=runs, max_seconds=float("inf"), **options)
+
+    def key(self) -> dict[str, Any]:
+        return {**asdict(self), "batch_sizes": list(self.batch_sizes)}
 
 
-def predict_logits(
+def p99_stable(samples: np.ndarray, tolerance: float, resamples: int, seed: int = 0) -> bool:
+    """Whether the p99's 95 % bootstrap interval lies within ±tolerance of the p99 of `samples`."""
+    p99 = float(np.percentile(samples, 99))
+    rng = np.random.default_rng(seed)
+    boot = np.percentile(rng.choice(samples, (resamples, len(samples))), 99, axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return bool(low >= p99 * (1 - tolerance) and high <= p99 * (1 + tolerance))
+
+
+def measure_latency(
     engine: Engine,
-    split: Split,
-    spec: PreprocessSpec,
-    batch_size: int = 250,
-    transform: Callable[[np.ndarray], np.ndarray] | None = None,
-) -> np.ndarray:
-    """Logits for every image of a split (in order)."""
-    outs = []
-    for images, _ in split.batches(batch_size):
-        x = spec.normalize(images)
-        outs.append(engine.infer(transform(x) if transform else x))
-    return np.concatenate(outs)
-
-
-def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
-    return float((logits.argmax(1) == labels).mean())
+    batch: int,
+    config: ProfileConfig | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> LatencyProfile:
+    """Wall time of `engine.run` on one random batch, timed until the stop rule holds (see the module doc)."""
+    config = config or ProfileConfig()
+    x = np.random.default_rng(batch).standard_normal((batch, *engine.input_shape)).astype(np.float32)  # type: ignore[attr-defined]
+    for _ in range(config.warmup):
+        engine.run(x)
+    samples = np.empty(config.max_runs)
+    started = clock()
+    n = 0
+    while n < config.max_runs:
+        start = clock()
+        engine.run(x)
+        end = clock()
+        samples[n] = end - start
+        n += 1
+        if n < config.min_runs or (n - config.min_runs) % config.check_every:
+            continue
+        if end - started >= config.max_seconds or p99_stable(samples[:n], config.tolerance, config.resamples):
+            break
+    p50, p90, p99 = np.percentile(samples[:n] * 1e3, [50, 90, 99])
+    return LatencyProfile(batch=batch, p50_ms=float(p50), p90_ms=float(p90), p99_ms=float(p99), runs=n)
 
 
 def machine_info() -> dict[str, str]:
@@ -83,3 +118,13 @@ def measure_peak_memory(load: Callable[[], Engine], batch: int = 32) -> tuple[En
     engine = load()
     engine.run(np.zeros((batch, *engine.input_shape), np.float32))  # type: ignore[attr-defined]
     return engine, max(0, _status_kib(field) - before) * 1024
+
+
+def profile_engine(load: Callable[[], Engine], config: ProfileConfig) -> dict[str, Any]:
+    """Peak memory, then a latency profile per batch size: the JSON the step cache keeps for one engine."""
+    engine, memory = measure_peak_memory(load)
+    try:
+        profiles = [measure_latency(engine, b, config).model_dump() for b in config.batch_sizes]
+    finally:
+        engine.close()
+    return {"profiles": profiles, "peak_memory_bytes": memory}

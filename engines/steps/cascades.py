@@ -1,0 +1,44 @@
+"""The anytime cascade of one precision: its stage engines measured, entropy thresholds fitted on val."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engines.manifest import Cascade, Stage
+from engines.steps.context import BuildContext
+from engines.steps.evaluate import accuracy, chain_logits
+from engines.steps.graphs import EngineKind, Graph
+from engines.steps.measure import ProfileConfig
+from engines.steps.rungs import make_stage
+from engines.steps.thresholds import fit_thresholds, simulate
+
+
+@dataclass(frozen=True)
+class CascadeConfig:
+    accuracy_bound_pp: float = 0.5  # the cascade may lose this much val accuracy against the last exit
+
+
+def build_cascade(
+    ctx: BuildContext, stages: list[Graph], kind: EngineKind, config: CascadeConfig, profile: ProfileConfig
+) -> tuple[list[Stage], Cascade]:
+    records = [make_stage(ctx, g, kind, profile) for g in stages]
+    chain = [(ctx.out / g.file(kind.file), kind.backend, kind.precision) for g in stages]
+    name = f"cascade.{kind.precision}.{kind.backend}"
+    val, test = ctx.inputs.split("val"), ctx.inputs.split("test")
+    val_logits, test_logits = chain_logits(ctx, name, chain, "val"), chain_logits(ctx, name, chain, "test")
+    fit = fit_thresholds(val_logits, val.labels, [s.profile(1).p50_ms for s in records], config.accuracy_bound_pp)
+    _, preds = simulate(test_logits, fit.thresholds)
+    cascade = Cascade(
+        name=name,
+        precision=kind.precision,
+        backend=kind.backend,
+        stages=[r.name for r in records],
+        thresholds=fit.thresholds,
+        accuracy_bound_pp=config.accuracy_bound_pp,
+        expected_exit_share=fit.exit_share,
+        expected_mean_ms=fit.mean_cost_ms,
+        val_accuracy=fit.accuracy,
+        test_accuracy=float((preds == test.labels).mean()),
+        test_last_exit_accuracy=accuracy(test_logits[-1], test.labels),
+    )
+    return records, cascade

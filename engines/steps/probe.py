@@ -1,0 +1,149 @@
+"""A quick probe: which optional precisions (BF16 on OpenVINO, FP16 on ONNX Runtime) can pay on this machine.
+
+The rule (`decide`): on one representative graph (the last exit), a precision can pay only if
+  1. it is faster than FP32 at batch 1 by at least `min_speedup` (it is no more accurate than FP32, so an
+     engine that is not faster is dominated by the FP32 one), and
+  2. the INT8 engine of the same graph does not dominate it: it is faster than INT8 at batch 1, or more
+     accurate than INT8 on val (a BF16 rung is useful only between INT8 and FP32 on the front).
+A precision that cannot pay is not built unless asked for (`--precisions`, `--all-precisions`). FP32 (the
+reference) and INT8 are always built. The probe times the engines in interleaved rounds, so drift of a
+shared machine hits them alike; its numbers are recorded in ladder.json.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from engines.base import Precision
+from engines.factory import open_engine
+from engines.manifest import Probe, ProbeEngine
+from engines.steps.context import BuildContext, machine_key
+from engines.steps.evaluate import accuracy, engine_logits
+from engines.steps.export import fp16_file
+from engines.steps.graphs import BF16, FP16, FP32, INT8, EngineKind, Graph
+
+OPTIONAL = (BF16, FP16)
+RULE = (
+    "an optional precision is built only if, on the probe graph, its batch-1 p50 is at least {min_speedup:.0%} "
+    "below FP32's, and INT8 does not dominate it (INT8 slower at batch 1, or less accurate on val)"
+)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    rounds: int = 5
+    runs: int = 100  # timed batch-1 runs per engine and round
+    warmup: int = 20
+    min_speedup: float = 0.05
+
+
+def faster_than_fp32(p50: dict[Precision, float], precision: Precision, min_speedup: float) -> bool:
+    return p50[precision] <= (1 - min_speedup) * p50[Precision.FP32]
+
+
+def decide(
+    p50: dict[Precision, float], val: dict[Precision, float | None], min_speedup: float
+) -> dict[Precision, tuple[bool, str]]:
+    """Rule 1 and 2 of the module doc for every optional precision in `p50`; (pays, why) each."""
+    out: dict[Precision, tuple[bool, str]] = {}
+    fp32, int8 = p50[Precision.FP32], p50[Precision.INT8]
+    for precision in (k.precision for k in OPTIONAL if k.precision in p50):
+        ms = p50[precision]
+        if not faster_than_fp32(p50, precision, min_speedup):
+            out[precision] = (False, f"{ms:.3f} ms at batch 1 is not faster than FP32's {fp32:.3f} ms")
+            continue
+        acc, acc_int8 = val.get(precision), val.get(Precision.INT8)
+        if ms < int8:
+            out[precision] = (True, f"{ms:.3f} ms at batch 1: faster than FP32 ({fp32:.3f}) and INT8 ({int8:.3f})")
+        elif acc is not None and acc_int8 is not None and acc > acc_int8:
+            out[precision] = (
+                True,
+                f"faster than FP32 and more accurate than INT8 on val ({acc:.2%} vs {acc_int8:.2%})",
+            )
+        else:
+            out[precision] = (
+                False,
+                f"faster than FP32 ({ms:.3f} vs {fp32:.3f} ms) but INT8 dominates it: {int8:.3f} ms and "
+                f"{acc_int8:.2%} on val vs {acc if acc is None else f'{acc:.2%}'}",
+            )
+    return out
+
+
+def time_interleaved(engines: dict[Precision, Any], config: ProbeConfig) -> dict[Precision, list[float]]:
+    """Batch-1 wall times (ms) of each engine, `config.rounds` rounds of `config.runs` runs, round robin."""
+    samples: dict[Precision, list[float]] = {p: [] for p in engines}
+    x = np.random.default_rng(1).standard_normal((1, *next(iter(engines.values())).input_shape)).astype(np.float32)
+    for engine in engines.values():
+        for _ in range(config.warmup):
+            engine.run(x)
+    for _ in range(config.rounds):
+        for precision, engine in engines.items():
+            for _ in range(config.runs):
+                start = time.perf_counter()
+                engine.run(x)
+                samples[precision].append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def _engine_file(ctx: BuildContext, g: Graph, kind: EngineKind) -> Any:
+    return fp16_file(ctx, g) if kind is FP16 else ctx.out / g.file(kind.file)
+
+
+def run_probe(ctx: BuildContext, g: Graph, config: ProbeConfig) -> Probe:
+    kinds = [FP32, INT8, *OPTIONAL]
+    files = {k.precision: _engine_file(ctx, g, k) for k in kinds}
+    key = {
+        "files": {str(p): ctx.cache.sha256(f) for p, f in files.items()},
+        "config": asdict(config),
+        "threads": ctx.threads,
+        "machine": machine_key(),
+        "versions": ctx.versions,
+    }
+
+    def make() -> dict[str, Any]:
+        engines = {k.precision: open_engine(k.backend, files[k.precision], k.precision, ctx.threads) for k in kinds}
+        samples = time_interleaved(engines, config)
+        for e in engines.values():
+            e.close()
+        p50 = {p: float(np.median(s)) for p, s in samples.items()}
+        val_split = ctx.inputs.split("val")
+        val: dict[Precision, float | None] = {}
+        for k in kinds:
+            # Accuracy is needed for rule 2 only (and FP32/INT8 are evaluated for their rungs anyway).
+            if k in (FP32, INT8) or faster_than_fp32(p50, k.precision, config.min_speedup):
+                logits = engine_logits(ctx, k.name(g.name), files[k.precision], k.backend, k.precision, ("val",))
+                val[k.precision] = accuracy(logits["val"], val_split.labels)
+        decisions = decide(p50, val, config.min_speedup)
+        return Probe(
+            graph=g.name,
+            rule=RULE.format(min_speedup=config.min_speedup),
+            engines=[
+                ProbeEngine(
+                    name=k.name(g.name),
+                    precision=k.precision,
+                    backend=k.backend,
+                    p50_ms_batch1=p50[k.precision],
+                    runs=len(samples[k.precision]),
+                    val_accuracy=val.get(k.precision),
+                )
+                for k in kinds
+            ],
+            pays={str(p): d[0] for p, d in decisions.items()},
+            reasons={str(p): d[1] for p, d in decisions.items()},
+            built=[],
+        ).model_dump(mode="json")
+
+    return Probe.model_validate(ctx.cache.run(f"probe/{g.name}", key, make))
+
+
+def built_precisions(probe: Probe, asked: tuple[Precision, ...] | None) -> list[Precision]:
+    """FP32 and INT8, plus the optional precisions that pay, or those that were asked for."""
+    if asked is not None:
+        chosen = {Precision.FP32, Precision.INT8, *asked}
+    else:
+        chosen = {Precision.FP32, Precision.INT8, *(Precision(p) for p, pays in probe.pays.items() if pays)}
+    return [p for p in (Precision.FP32, Precision.INT8, Precision.BF16, Precision.FP16) if p in chosen]

@@ -1,0 +1,64 @@
+"""Rung and stage records: one engine made from a graph, its measured profile, memory and accuracy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engines.factory import open_engine
+from engines.manifest import Rung, Stage
+from engines.steps.context import BuildContext, machine_key
+from engines.steps.evaluate import accuracy, engine_logits
+from engines.steps.graphs import EngineKind, Graph
+from engines.steps.measure import ProfileConfig, profile_engine
+
+
+def measured(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfig) -> dict[str, Any]:
+    """The engine's record fields: artifact, profiles, peak memory; timed once per file and measuring setting."""
+    path = ctx.out / g.file(kind.file)
+    art = ctx.artifact(path)
+    name = kind.name(g.name)
+    key = {
+        "file": art.sha256,
+        "backend": str(kind.backend),
+        "precision": str(kind.precision),
+        "profile": config.key(),
+        "machine": machine_key(),
+        "versions": ctx.versions,
+    }
+    numbers = ctx.cache.run(
+        f"measure/{name}",
+        key,
+        lambda: profile_engine(lambda: open_engine(kind.backend, path, kind.precision, ctx.threads), config),
+    )
+    return {
+        "name": name,
+        "precision": kind.precision,
+        "backend": kind.backend,
+        "artifact": art,
+        "input_shape": list(g.item_shape),
+        "outputs": g.outputs,
+        "profiles": numbers["profiles"],
+        "macs": g.macs,
+        "peak_memory_bytes": numbers["peak_memory_bytes"],
+    }
+
+
+def make_rung(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfig) -> Rung:
+    record = measured(ctx, g, kind, config)
+    logits = engine_logits(
+        ctx, record["name"], ctx.out / g.file(kind.file), kind.backend, kind.precision, ("val", "test")
+    )
+    member = ctx.inputs.members.get(g.name) if g.kind == "member" else None
+    return Rung(
+        **record,
+        kind=g.kind if g.kind in ("cut", "member") else "exit",
+        exit=g.exit,
+        model=member.checkpoint.model_name if member else None,
+        cut=list(g.cut),
+        val_accuracy=accuracy(logits["val"], ctx.inputs.split("val").labels),
+        test_accuracy=accuracy(logits["test"], ctx.inputs.split("test").labels),
+    )
+
+
+def make_stage(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfig) -> Stage:
+    return Stage(**measured(ctx, g, kind, config), index=g.exit)

@@ -1,0 +1,211 @@
+"""The build's steps on small, substituted inputs: the probe's rule, the profiling stop rule, the ensemble
+search and the step cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines.base import Backend, EngineBase, Precision
+from engines.manifest import Artifact, LatencyProfile, Rung
+from engines.steps.cache import StepCache
+from engines.steps.ensembles import dominated_by_estimate, forward_selection
+from engines.steps.measure import ProfileConfig, measure_latency, p99_stable
+from engines.steps.probe import decide
+
+# -- the probe ----------------------------------------------------------------------------------------------
+
+
+def test_probe_rule_with_substituted_timings_builds_only_what_can_pay() -> None:
+    """Timings and accuracies substituted for the probe's measurements (this CPU's pattern: FP16 slower)."""
+    p50 = {Precision.FP32: 0.60, Precision.INT8: 0.19, Precision.BF16: 0.33, Precision.FP16: 0.64}
+    val = {Precision.FP32: 0.9428, Precision.INT8: 0.9418, Precision.BF16: 0.9418}
+    decisions = decide(p50, val, min_speedup=0.05)
+    assert decisions[Precision.FP16][0] is False and "not faster than FP32" in decisions[Precision.FP16][1]
+    assert decisions[Precision.BF16][0] is False and "INT8 dominates" in decisions[Precision.BF16][1]
+    # More accurate than INT8: BF16 can sit between INT8 and FP32 on the front.
+    assert decide(p50, {**val, Precision.BF16: 0.9425}, 0.05)[Precision.BF16][0] is True
+    # Faster than INT8 too (a machine with fast BF16): pays whatever its accuracy.
+    assert decide({**p50, Precision.BF16: 0.15}, val, 0.05)[Precision.BF16][0] is True
+    # Faster than FP32 by less than the margin is not faster.
+    assert decide({**p50, Precision.BF16: 0.59}, {**val, Precision.BF16: 0.95}, 0.05)[Precision.BF16][0] is False
+
+
+# -- the profiling stop rule ----------------------------------------------------------------------------------
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _ScriptedEngine(EngineBase):
+    """Each run advances the fake clock by the next scripted duration (seconds)."""
+
+    backend, precision, input_name, output_names = Backend.ONNXRUNTIME, Precision.FP32, "input", ["logits"]
+    input_shape = (1, 2, 2)
+
+    def __init__(self, clock: _FakeClock, durations: np.ndarray) -> None:
+        self.clock, self.durations, self.calls = clock, durations, 0
+
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
+        self.clock.now += float(self.durations[self.calls % len(self.durations)])
+        self.calls += 1
+        return [np.zeros((len(x), 10), np.float32)]
+
+
+def _profile(durations: np.ndarray, config: ProfileConfig) -> LatencyProfile:
+    clock = _FakeClock()
+    return measure_latency(_ScriptedEngine(clock, durations), 1, config, clock=clock)
+
+
+def test_profiling_stops_at_the_floor_when_the_p99_is_stable() -> None:
+    config = ProfileConfig(min_runs=100, max_runs=1000, max_seconds=100.0, check_every=50, warmup=5)
+    steady = 1e-3 * (1 + 0.01 * np.random.default_rng(0).random(5000))  # 1 ms +- 1 %
+    profile = _profile(steady, config)
+    assert profile.runs == config.min_runs
+    assert 1.0 <= profile.p50_ms <= profile.p99_ms <= 1.01
+
+
+def test_profiling_runs_on_while_the_tail_is_unstable_and_stops_at_the_cap() -> None:
+    config = ProfileConfig(min_runs=100, max_runs=600, max_seconds=100.0, check_every=50, warmup=0)
+    rng = np.random.default_rng(1)
+    tail = 1e-3 * np.where(rng.random(5000) < 0.02, rng.uniform(2, 20, 5000), 1.0)  # 2 % of runs 2-20x slower
+    assert not p99_stable(tail[:600] * 1e3, config.tolerance, config.resamples)
+    profile = _profile(tail, config)
+    assert profile.runs == config.max_runs
+
+
+def test_profiling_stops_on_its_time_budget_between_floor_and_cap() -> None:
+    config = ProfileConfig(min_runs=100, max_runs=1000, max_seconds=0.25, check_every=50, warmup=0)
+    rng = np.random.default_rng(2)
+    tail = 1e-3 * np.where(rng.random(5000) < 0.02, rng.uniform(2, 20, 5000), 1.0)
+    profile = _profile(tail, config)
+    # The first check (every 50 runs from the floor) after 0.25 s of timing.
+    expected = next(n for n in range(100, 1001, 50) if tail[:n].sum() >= 0.25)
+    assert config.min_runs < profile.runs == expected < config.max_runs
+
+
+def test_fixed_profiles_take_exactly_their_runs() -> None:
+    profile = _profile(np.full(10, 1e-3), ProfileConfig.fixed(37, warmup=0))
+    assert profile.runs == 37
+
+
+# -- the ensemble search --------------------------------------------------------------------------------------
+
+# Out-of-fold accuracies of a synthetic case: a and b are the best single bases, but the best set is c+d+b,
+# reached only from c (c's best partner is d, then b); a+b is the best pair.
+SCORES = {
+    ("a", "b"): 0.930,
+    ("a", "c"): 0.921,
+    ("a", "d"): 0.922,
+    ("b", "c"): 0.923,
+    ("b", "d"): 0.924,
+    ("c", "d"): 0.925,
+    ("a", "b", "c"): 0.929,
+    ("a", "b", "d"): 0.928,
+    ("b", "c", "d"): 0.940,
+    ("a", "c", "d"): 0.926,
+    ("a", "b", "c", "d"): 0.935,
+}
+SINGLE = {"a": 0.920, "b": 0.919, "c": 0.910, "d": 0.905}
+
+
+def test_greedy_search_from_the_best_base_stops_when_no_gain() -> None:
+    calls: list[tuple[str, ...]] = []
+
+    def score(s: tuple[str, ...]) -> float:
+        calls.append(s)
+        return SCORES[s]
+
+    tried = forward_selection(list("abcd"), SINGLE, score, starts=["a"])
+    # From a: the three pairs, a+b wins; then the two triples with a+b, neither gains: stop.
+    assert list(tried) == [("a", "b"), ("a", "c"), ("a", "d"), ("a", "b", "c"), ("a", "b", "d")]
+    assert calls == list(tried)  # each set scored once
+    assert ("b", "c", "d") not in tried
+
+
+def test_greedy_search_from_every_base_finds_the_set_a_single_start_misses() -> None:
+    calls: list[tuple[str, ...]] = []
+
+    def score(s: tuple[str, ...]) -> float:
+        calls.append(s)
+        return SCORES[s]
+
+    tried = forward_selection(list("abcd"), SINGLE, score, starts=["a", "b", "c", "d"])
+    assert max(tried, key=tried.__getitem__) == ("b", "c", "d")
+    assert len(calls) == len(set(calls)) == len(tried)  # memoized: no set is fitted twice
+
+
+def _rung(name: str, val: float, ms: float) -> Rung:
+    return Rung(
+        name=name,
+        precision=Precision.INT8,
+        backend=Backend.ONNXRUNTIME,
+        artifact=Artifact(path=f"{name}.onnx", sha256="0", bytes=1),
+        input_shape=[1, 4, 4],
+        outputs=["logits"],
+        profiles=[LatencyProfile(batch=b, p50_ms=ms * b, p90_ms=ms * b, p99_ms=ms * b, runs=100) for b in (1, 32)],
+        macs=1,
+        peak_memory_bytes=0,
+        kind="member",
+        exit=1,
+        val_accuracy=val,
+        test_accuracy=val,
+    )
+
+
+def test_sets_that_cannot_be_on_the_front_are_not_timed() -> None:
+    rungs = {n: _rung(n, SINGLE[n], ms) for n, ms in zip("abcd", (0.1, 0.15, 0.3, 0.25), strict=True)}
+    acc = {s: SCORES[s] for s in [("a", "b"), ("a", "c"), ("b", "c", "d"), ("a", "b", "c", "d")]}
+    estimate = {s: {b: sum(rungs[m].profile(b).p50_ms for m in s) for b in (1, 32)} for s in acc}
+    by = dominated_by_estimate(acc, estimate, list(rungs.values()))
+    assert by[("a", "b")] is None and by[("b", "c", "d")] is None  # the best pair, the best set
+    assert by[("a", "c")] == "a+b"  # a+b is more accurate and, by the estimate, faster
+    assert by[("a", "b", "c", "d")] == "b+c+d"
+
+
+# -- the step cache -------------------------------------------------------------------------------------------
+
+
+def test_step_cache_skips_an_unchanged_step(tmp_path: Path) -> None:
+    runs: list[str] = []
+
+    def make(text: str) -> dict[str, str]:
+        runs.append(text)
+        (tmp_path / "out.txt").write_text(text)
+        return {"wrote": text}
+
+    key = {"input": "sha-of-input", "option": 1}
+    cache = StepCache(tmp_path)
+    assert cache.run("step", key, lambda: make("one"), [tmp_path / "out.txt"]) == {"wrote": "one"}
+    again = StepCache(tmp_path)  # a new build reads the cache from disk
+    assert again.run("step", key, lambda: make("two"), [tmp_path / "out.txt"]) == {"wrote": "one"}
+    assert runs == ["one"] and again.skipped == ["step"] and again.ran == []
+    # A changed key, or an output changed on disk, runs the step again.
+    assert again.run("step", {**key, "option": 2}, lambda: make("three"), [tmp_path / "out.txt"]) == {"wrote": "three"}
+    (tmp_path / "out.txt").write_text("edited by hand")
+    assert StepCache(tmp_path).run("step", {**key, "option": 2}, lambda: make("four"), [tmp_path / "out.txt"]) == {
+        "wrote": "four"
+    }
+    assert runs == ["one", "three", "four"]
+
+
+def test_step_cache_of_an_older_format_is_ignored(tmp_path: Path) -> None:
+    (tmp_path / "build-cache.json").write_text('{"exit1.fp32.onnx": "abc"}')  # format 1: a digest per file
+    cache = StepCache(tmp_path)
+    assert cache.entries == {}
+    assert cache.run("step", {"k": 1}, lambda: 5) == 5 and cache.ran == ["step"]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_measure_latency_uses_the_engines_input_shape(batch: int) -> None:
+    clock = _FakeClock()
+    engine = _ScriptedEngine(clock, np.full(4, 1e-3))
+    profile = measure_latency(engine, batch, ProfileConfig.fixed(10, warmup=2), clock=clock)
+    assert profile.batch == batch and engine.calls == 12
