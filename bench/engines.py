@@ -12,17 +12,33 @@ Accuracy is top-1 on the full 10,000-image test split, recomputed here.
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from engines.base import Backend, Engine, Precision
 from engines.factory import open_engine
-from engines.manifest import load_ladder
+from engines.manifest import Ladder, load_ladder
 from engines.steps.evaluate import accuracy, predict_logits
+from engines.steps.export import convert_fp16
 from engines.steps.measure import ProfileConfig, measure_latency
 from models.data import FashionMNIST, PreprocessSpec
 
 VARIANTS = [("fp32", "onnxruntime"), ("int8", "onnxruntime"), ("fp16", "onnxruntime"), ("bf16", "openvino")]
+
+
+def _open(directory: Path, ladder: Ladder, k: int, precision: str, backend: str) -> tuple[int, Engine]:
+    """(file bytes, engine) of exit k; precisions the probe did not build are made here from the FP32 file."""
+    name = f"exit{k}.{precision}.{backend}"
+    rec = next((r for r in ladder.rungs if r.name == name), None)
+    if rec is not None:
+        engine = open_engine(rec.backend, directory / rec.artifact.path, rec.precision, ladder.threads)
+        return rec.artifact.bytes, engine
+    path = directory / f"exit{k}.fp32.onnx"
+    if precision == "fp16":
+        path = convert_fp16(path, Path(tempfile.mkdtemp()) / f"exit{k}.fp16.onnx")
+    return path.stat().st_size, open_engine(Backend(backend), path, Precision(precision), ladder.threads)
 
 
 def main() -> None:
@@ -47,11 +63,7 @@ def main() -> None:
     for k in exits:
         engines = {}
         for precision, backend in VARIANTS:
-            rec = ladder.rung(f"exit{k}.{precision}.{backend}")
-            engines[(precision, backend)] = (
-                rec,
-                open_engine(rec.backend, args.ladder / rec.artifact.path, rec.precision, ladder.threads),
-            )
+            engines[(precision, backend)] = _open(args.ladder, ladder, k, precision, backend)
         times: dict[tuple[str, str], dict[int, list[float]]] = {v: {1: [], 32: []} for v in engines}
         for _ in range(args.rounds):
             for variant, (_, engine) in engines.items():
@@ -61,11 +73,11 @@ def main() -> None:
         acc = {v: accuracy(predict_logits(e, test, spec), test.labels) for v, (_, e) in engines.items()}
         base = ("fp32", "onnxruntime")
         last_fp32[k] = p50[base][1]
-        for variant, (rec, _) in engines.items():
+        for variant, (size, _) in engines.items():
             print(
                 f"{k:>4} {variant[0] + '/' + variant[1]:<17} {p50[variant][1]:>8.3f} {p50[variant][32]:>8.3f} "
                 f"{p50[variant][1] / p50[base][1]:>9.2f} {p50[variant][32] / p50[base][32]:>10.2f} "
-                f"{acc[variant]:>9.2%} {100 * (acc[variant] - acc[base]):>+9.2f} {rec.artifact.bytes / 1e6:>6.2f}"
+                f"{acc[variant]:>9.2%} {100 * (acc[variant] - acc[base]):>+9.2f} {size / 1e6:>6.2f}"
             )
     last = exits[-1]
     for k in exits[:-1]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ class StepCache:
         self.skipped: list[str] = []
         self.seconds: dict[str, float] = {}  # time spent running steps, by family (the name up to its first "/")
         self._hashes: dict[tuple[str, int, int], str] = {}
+        self._lock = threading.Lock()  # evaluations run in background threads (engines/steps/evaluate.py)
 
     def sha256(self, path: Path) -> str:
         """The file's sha256, computed once per (path, size, mtime) in this process."""
@@ -75,12 +77,14 @@ class StepCache:
 
     def record(self, step: str, key: Any, result: Any, files: Sequence[Path] = ()) -> None:
         names = [str(Path(f).resolve().relative_to(self.directory.resolve())) for f in files]
-        self.entries[step] = {
+        entry = {
             "key": digest(key),
             "result": result,
             "files": {name: self._file_record(self.directory / name) for name in names},
         }
-        self._save()
+        with self._lock:
+            self.entries[step] = entry
+            self._save()
 
     def run(self, step: str, key: Any, make: Callable[[], T], files: Sequence[Path] = ()) -> T:
         """`make()`'s JSON-able result, or the recorded one when `step` is fresh; `files` are what make() writes."""
@@ -93,7 +97,8 @@ class StepCache:
         self.record(step, key, result, files)
         self.ran.append(step)
         family = step.split("/")[0]
-        self.seconds[family] = self.seconds.get(family, 0.0) + time.perf_counter() - start
+        with self._lock:
+            self.seconds[family] = self.seconds.get(family, 0.0) + time.perf_counter() - start
         return result
 
     def _save(self) -> None:

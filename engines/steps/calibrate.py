@@ -124,12 +124,7 @@ def choose_method(ctx: BuildContext, last: Graph, config: CalibrationConfig) -> 
     )
     val = ctx.inputs.split("val")
     by_method = {
-        m: accuracy(
-            engine_logits(ctx, f"calibration.{last.name}.{m}", path, Backend.ONNXRUNTIME, Precision.INT8, ("val",))[
-                "val"
-            ],
-            val.labels,
-        )
+        m: accuracy(engine_logits(ctx, path, Backend.ONNXRUNTIME, Precision.INT8, ("val",))["val"], val.labels)
         for m, path in trials.items()
     }
     best = max(by_method, key=lambda m: by_method[m])

@@ -23,13 +23,12 @@ def build_cascade(
 ) -> tuple[list[Stage], Cascade]:
     records = [make_stage(ctx, g, kind, profile) for g in stages]
     chain = [(ctx.out / g.file(kind.file), kind.backend, kind.precision) for g in stages]
-    name = f"cascade.{kind.precision}.{kind.backend}"
     val, test = ctx.inputs.split("val"), ctx.inputs.split("test")
-    val_logits, test_logits = chain_logits(ctx, name, chain, "val"), chain_logits(ctx, name, chain, "test")
+    val_logits, test_logits = chain_logits(ctx, chain, "val"), chain_logits(ctx, chain, "test")
     fit = fit_thresholds(val_logits, val.labels, [s.profile(1).p50_ms for s in records], config.accuracy_bound_pp)
     _, preds = simulate(test_logits, fit.thresholds)
     cascade = Cascade(
-        name=name,
+        name=f"cascade.{kind.precision}.{kind.backend}",
         precision=kind.precision,
         backend=kind.backend,
         stages=[r.name for r in records],

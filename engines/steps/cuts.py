@@ -99,14 +99,17 @@ def search_cuts(ctx: BuildContext, config: CutConfig) -> tuple[float, list[dict[
     }
 
     def make() -> dict[str, Any]:
-        # Block timings with the ladder's threads; the accuracy passes are not timed and use every core.
+        # One torch thread for the timings and the accuracy passes alike: with two, a pass took 2.5x longer
+        # whenever another process held the second core (torch's OpenMP threads wait on each other).
         threads = torch.get_num_threads()
         torch.set_num_threads(ctx.threads)
-        saved = block_ms(ctx.inputs.model, ctx.inputs.spec, val.images[:32])
-        torch.set_num_threads(ctx.eval_threads)
         try:
             full, path = _greedy_path(
-                ctx.inputs.model, val, ctx.inputs.spec, saved, config.max_drop_pp + config.search_margin_pp
+                ctx.inputs.model,
+                val,
+                ctx.inputs.spec,
+                block_ms(ctx.inputs.model, ctx.inputs.spec, val.images[:32]),
+                config.max_drop_pp + config.search_margin_pp,
             )
         finally:
             torch.set_num_threads(threads)

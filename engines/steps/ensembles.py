@@ -122,7 +122,7 @@ class _Logits:
     def __init__(self, ctx: BuildContext, bases: list[Rung]) -> None:
         self.val_labels, self.test_labels = ctx.inputs.split("val").labels, ctx.inputs.split("test").labels
         self.by_name = {
-            r.name: engine_logits(ctx, r.name, ctx.out / r.artifact.path, r.backend, r.precision, ("val", "test"))
+            r.name: engine_logits(ctx, ctx.out / r.artifact.path, r.backend, r.precision, ("val", "test"))
             for r in bases
         }
 

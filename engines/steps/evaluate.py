@@ -9,17 +9,20 @@ unchanged engine file is never evaluated twice.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from engines.base import Backend, Engine, Precision
 from engines.factory import open_engine
+from engines.steps.cache import digest
 from engines.steps.context import BuildContext
 from models.data import PreprocessSpec, Split
 
 EVAL_BATCH = 500
 LOGITS_DIR = Path("cache") / "logits"
+SPLITS = ("val", "test")
 
 
 def predict_logits(
@@ -41,25 +44,35 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float((logits.argmax(1) == labels).mean())
 
 
+def _tag(ctx: BuildContext, path: Path, backend: Backend, precision: Precision) -> str:
+    """Logits are keyed by content: two names for one file (a calibration trial and the rung) share them."""
+    return f"{ctx.cache.sha256(path)[:20]}.{backend}.{precision}"
+
+
 def engine_logits(
-    ctx: BuildContext, name: str, path: Path, backend: Backend, precision: Precision, splits: tuple[str, ...]
+    ctx: BuildContext,
+    path: Path,
+    backend: Backend,
+    precision: Precision,
+    splits: tuple[str, ...],
+    threads: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Logits of one engine file on each split; computed once per (file sha256, backend, precision, split)."""
-    sha = ctx.cache.sha256(path)
+    tag = _tag(ctx, path, backend, precision)
     result: dict[str, np.ndarray] = {}
     engine: Engine | None = None
     for split_name in splits:
         split = ctx.inputs.split(split_name)
-        out = ctx.out / LOGITS_DIR / f"{name}.{split_name}.npy"
-        key = {"file": sha, "backend": str(backend), "precision": str(precision), "split": split.fingerprint}
+        out = ctx.out / LOGITS_DIR / f"{tag}.{split_name}.npy"
+        key = {"file": ctx.cache.sha256(path), "backend": str(backend), "precision": str(precision)}
 
         def make(out: Path = out, split: Split = split) -> None:
             nonlocal engine
-            engine = engine or open_engine(backend, path, precision, ctx.eval_threads)
+            engine = engine or open_engine(backend, path, precision, threads or ctx.eval_threads)
             out.parent.mkdir(parents=True, exist_ok=True)
             np.save(out, predict_logits(engine, split, ctx.inputs.spec, EVAL_BATCH))
 
-        ctx.cache.run(f"logits/{name}/{split_name}", key, make, [out])
+        ctx.cache.run(f"logits/{tag}/{split_name}", {**key, "split": split.fingerprint}, make, [out])
         result[split_name] = np.load(out)
     if engine is not None:
         engine.close()
@@ -67,18 +80,19 @@ def engine_logits(
 
 
 def chain_logits(
-    ctx: BuildContext, name: str, stages: list[tuple[Path, Backend, Precision]], split_name: str
+    ctx: BuildContext,
+    stages: list[tuple[Path, Backend, Precision]],
+    split_name: str,
+    threads: int | None = None,
 ) -> list[np.ndarray]:
     """Every exit's logits on a split, running the stage engines as the cascade does (features passed on)."""
     split = ctx.inputs.split(split_name)
-    out = ctx.out / LOGITS_DIR / f"{name}.{split_name}.npz"
-    key = {
-        "stages": [[ctx.cache.sha256(p), str(b), str(pr)] for p, b, pr in stages],
-        "split": split.fingerprint,
-    }
+    tags = [_tag(ctx, *stage) for stage in stages]
+    name = digest(tags)[:20]
+    out = ctx.out / LOGITS_DIR / f"chain.{name}.{split_name}.npz"
 
     def make() -> None:
-        engines = [open_engine(b, p, pr, ctx.eval_threads) for p, b, pr in stages]
+        engines = [open_engine(b, p, pr, threads or ctx.eval_threads) for p, b, pr in stages]
         per_exit: list[list[np.ndarray]] = [[] for _ in engines]
         for images, _ in split.batches(EVAL_BATCH):
             x = ctx.inputs.spec.normalize(images)
@@ -90,6 +104,35 @@ def chain_logits(
         out.parent.mkdir(parents=True, exist_ok=True)
         np.savez(out, *[np.concatenate(chunks) for chunks in per_exit])
 
-    ctx.cache.run(f"logits/{name}/{split_name}", key, make, [out])
+    ctx.cache.run(f"logits/chain.{name}/{split_name}", {"stages": tags, "split": split.fingerprint}, make, [out])
     with np.load(out) as data:
         return [data[f"arr_{k}"] for k in range(len(stages))]
+
+
+class Background:
+    """Evaluations that run beside export and calibration (nothing is timed then), one ONNX Runtime thread each.
+
+    Export and quantization are mostly Python on one core; evaluation is ONNX Runtime with the GIL released,
+    so the two share a 2-core machine well. `wait()` before anything is timed.
+    """
+
+    def __init__(self, ctx: BuildContext, workers: int = 1) -> None:
+        for name in ("val", "test"):
+            ctx.inputs.split(name)  # loaded once here, not raced for by the workers
+        self.ctx = ctx
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="anytime-eval")
+        self._futures: list[Future[object]] = []
+
+    def logits(self, path: Path, backend: Backend, precision: Precision) -> None:
+        self._futures.append(self._pool.submit(engine_logits, self.ctx, path, backend, precision, SPLITS, 1))
+
+    def chain(self, stages: list[tuple[Path, Backend, Precision]]) -> None:
+        for split in SPLITS:
+            self._futures.append(self._pool.submit(chain_logits, self.ctx, stages, split, 1))
+
+    def wait(self) -> None:
+        try:
+            for future in self._futures:
+                future.result()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)

@@ -125,8 +125,9 @@ def _load_member(path: Path, inputs: Inputs) -> Member:
     return Member(path, ckpt, checkpoint_artifact(path), model)
 
 
-def plan_graphs(inputs: Inputs, cuts: list[tuple[str, ...]]) -> list[Graph]:
-    """Every stage and exit of the main model, the given cuts, and each member; shapes and MACs filled in."""
+def plan_graphs(inputs: Inputs, cuts: list[tuple[str, ...]], base: bool = True) -> list[Graph]:
+    """Every stage and exit of the main model and each member (unless not `base`), and the given cuts;
+    shapes and MACs filled in."""
     import torch
 
     from engines.steps.export import stage_input_shape
@@ -134,13 +135,14 @@ def plan_graphs(inputs: Inputs, cuts: list[tuple[str, ...]]) -> list[Graph]:
 
     model, shape = inputs.model, tuple(inputs.spec.input_shape)
     k_last = model.num_stages
-    graphs = [
-        Graph(f"stage{k}", "stage", k, (), stage_input_shape(model, shape, k), ["features", "logits"])
-        for k in range(1, k_last + 1)
-    ]
-    graphs += [Graph(f"exit{k}", "exit", k, (), shape) for k in range(1, k_last + 1)]
-    graphs += [Graph(f"cut{i}", "cut", k_last, cut, shape) for i, cut in enumerate(cuts, 1)]
-    graphs += [Graph(name, "member", 1, (), shape, source=m.artifact.sha256) for name, m in inputs.members.items()]
+    graphs = [Graph(f"cut{i}", "cut", k_last, cut, shape) for i, cut in enumerate(cuts, 1)]
+    if base:
+        graphs += [
+            Graph(f"stage{k}", "stage", k, (), stage_input_shape(model, shape, k), ["features", "logits"])
+            for k in range(1, k_last + 1)
+        ]
+        graphs += [Graph(f"exit{k}", "exit", k, (), shape) for k in range(1, k_last + 1)]
+        graphs += [Graph(name, "member", 1, (), shape, source=m.artifact.sha256) for name, m in inputs.members.items()]
     for g in graphs:
         g.macs = count_macs(module(inputs.model, g, inputs.members), torch.zeros(1, *g.item_shape))
     return graphs

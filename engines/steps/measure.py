@@ -30,7 +30,7 @@ class ProfileConfig:
     threads: int = 1
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     min_runs: int = 50
-    max_runs: int = 1000
+    max_runs: int = 200
     max_seconds: float = 0.5
     tolerance: float = 0.05
     check_every: int = 25

@@ -115,7 +115,7 @@ def run_probe(ctx: BuildContext, g: Graph, config: ProbeConfig) -> Probe:
         for k in kinds:
             # Accuracy is needed for rule 2 only (and FP32/INT8 are evaluated for their rungs anyway).
             if k in (FP32, INT8) or faster_than_fp32(p50, k.precision, config.min_speedup):
-                logits = engine_logits(ctx, k.name(g.name), files[k.precision], k.backend, k.precision, ("val",))
+                logits = engine_logits(ctx, files[k.precision], k.backend, k.precision, ("val",))
                 val[k.precision] = accuracy(logits["val"], val_split.labels)
         decisions = decide(p50, val, config.min_speedup)
         return Probe(

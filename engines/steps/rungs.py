@@ -45,9 +45,7 @@ def measured(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfi
 
 def make_rung(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfig) -> Rung:
     record = measured(ctx, g, kind, config)
-    logits = engine_logits(
-        ctx, record["name"], ctx.out / g.file(kind.file), kind.backend, kind.precision, ("val", "test")
-    )
+    logits = engine_logits(ctx, ctx.out / g.file(kind.file), kind.backend, kind.precision, ("val", "test"))
     member = ctx.inputs.members.get(g.name) if g.kind == "member" else None
     return Rung(
         **record,

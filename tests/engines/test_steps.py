@@ -209,3 +209,34 @@ def test_measure_latency_uses_the_engines_input_shape(batch: int) -> None:
     engine = _ScriptedEngine(clock, np.full(4, 1e-3))
     profile = measure_latency(engine, batch, ProfileConfig.fixed(10, warmup=2), clock=clock)
     assert profile.batch == batch and engine.calls == 12
+
+
+# -- the converter's command line -----------------------------------------------------------------------------
+
+
+def test_python_m_engines_build_takes_the_build_options() -> None:
+    import argparse
+
+    from engines.build import BuildConfig, add_build_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_build_arguments(parser)
+    args = parser.parse_args(["--out", "x", "--members", "--precisions", "bf16", "--quiet", "--runs", "300"])
+    config = config_from_args(args)
+    assert config.members == () and config.precisions == (Precision.BF16,) and not config.progress
+    assert config.runs == 300 and config.profile().max_runs == 300 and config.profile().min_runs == 50
+    defaults = config_from_args(parser.parse_args([]))
+    assert defaults.runs == BuildConfig().runs and defaults.threads == BuildConfig().threads == 1
+    assert config_from_args(parser.parse_args(["--all-precisions"])).precisions == tuple(Precision)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--precisions", "fp64"])
+
+
+def test_python_m_engines_build_help_runs() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "engines.build", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "--precisions" in out and "--all-precisions" in out and "--members" in out and "--runs" in out
