@@ -164,8 +164,9 @@ def build_ladder(checkpoint: Path, out: Path, config: BuildConfig | None = None)
     profile = config.profile()
 
     # Accuracy passes (ONNX Runtime, GIL released) run in background threads beside export, the cut search
-    # and calibration (mostly Python on one core); nothing is timed until they are done.
-    fp32_evals, int8_evals = Background(ctx), Background(ctx)
+    # and calibration (mostly Python on one core); nothing is timed until they are done. Once calibration is
+    # done the main thread only waits, so the INT8 passes get the cores it leaves.
+    fp32_evals, int8_evals = Background(ctx), Background(ctx, workers=ctx.eval_threads)
     base = plan_graphs(ctx.inputs, [])
     stages, exits, members = (_by_kind(base, k) for k in ("stage", "exit", "member"))
     _export(ctx, stages + exits + members, fp32_evals)

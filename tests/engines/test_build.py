@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from engines.base import Backend, Precision
-from engines.build import BuildConfig, _keep_pareto_cuts, build_ladder
+from engines.build import BuildConfig, build_ladder
 from engines.manifest import Artifact, LatencyProfile, Rung, load_ladder
+from engines.steps.pareto import keep_pareto_cuts
 from models.checkpoint import DEFAULT_CHECKPOINT
 
 pytestmark = pytest.mark.slow
@@ -56,6 +57,6 @@ def test_cuts_near_chance_are_never_kept() -> None:
         _fp32_rung("cut3", "cut", 0.86, 0.35),  # 8 pp below the full network: not a candidate
         _fp32_rung("cut4", "cut", 0.10, 0.2),  # the fastest of all, at chance
     ]
-    kept_rungs, kept = _keep_pareto_cuts(rungs, min_cuts=3, max_drop_pp=5.0)
+    kept_rungs, kept = keep_pareto_cuts(rungs, min_cuts=3, max_drop_pp=5.0)
     assert kept == ["cut1", "cut2"]
     assert [r.name.split(".")[0] for r in kept_rungs] == ["exit1", "exit2", "cut1", "cut2"]

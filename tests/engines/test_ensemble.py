@@ -12,10 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from engines.backends.onnxruntime import OnnxRuntimeEngine
 from engines.base import ArtifactError, Backend, Precision, sha256_file, softmax
-from engines.build import _keep_pareto_ensembles
 from engines.ensemble import EnsembleEngine, StackerError, StackerKind, StackerSession, member_features, soft_vote
 from engines.factory import open_ensemble
 from engines.manifest import Artifact, Ensemble, LatencyProfile, Rung
+from engines.steps.pareto import keep_pareto_ensembles
 from engines.steps.stacker import candidate, export_stacker, fit_stacker
 
 CLASSES, PIXELS = 10, 16
@@ -169,7 +169,7 @@ def test_builder_keeps_only_ensembles_on_the_front() -> None:
     pair = _ensemble("ens.pair", ["a", "b"], 0.93, 2.5)
     slow_pair = _ensemble("ens.slow", ["a", "b"], 0.925, 3.0)  # slower and less accurate than `pair`
     useless = _ensemble("ens.useless", ["a", "b"], 0.91, 2.1)  # `b` alone is faster and better
-    kept, tried = _keep_pareto_ensembles([a, b], [pair, slow_pair, useless])
+    kept, tried = keep_pareto_ensembles([a, b], [pair, slow_pair, useless])
     assert [e.name for e in kept] == ["ens.pair"] and not pair.dominated
     assert {t.name: t.kept for t in tried} == {"ens.pair": True, "ens.slow": False, "ens.useless": False}
     assert {t.name: t.dominated_by for t in tried}["ens.useless"] == "b"
