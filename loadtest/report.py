@@ -8,12 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from loadtest.results import Cell, SweepResult
 from loadtest.summary import METHOD, Record
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-
-    from loadtest.sweep import Cell, SweepResult
 
 NO_ANSWER = "no answer"
 
@@ -153,7 +152,7 @@ def _method(result: SweepResult) -> list[str]:
 
 
 def write_report(result: SweepResult) -> Path:
-    from loadtest.sweep import BISECTIONS, EXPAND_STEPS
+    from loadtest.results import BISECTIONS, EXPAND_STEPS
 
     out = result.config.out
     out.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +22,22 @@ from engines.manifest import Ensemble, Ladder, Rung, load_ladder
 from loadtest.baseline import baseline_rung, running_baseline
 from loadtest.client import LoadConfig, run_load
 from loadtest.harness import running_server
+from loadtest.report import write_report
+from loadtest.results import (
+    BISECTIONS,
+    CAPACITY_ATTAINMENT,
+    EXPAND_STEPS,
+    POLICY_NAMES,
+    Capacity,
+    Cell,
+    OracleRow,
+    PolicySpec,
+    SweepConfig,
+    SweepResult,
+)
 from loadtest.schedule import DeadlineMix, image_order
 from loadtest.summary import METHOD, Record, summarize, write_records
 from models.data import PreprocessSpec, Split
-
-POLICY_NAMES = ("cascade", "static", "fixed-fast", "fixed-best", "baseline")
-CAPACITY_ATTAINMENT = 0.99
-EXPAND_STEPS, BISECTIONS = 6, 3  # the capacity search's bound: at most 9 short runs per policy
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """One column of the sweep: what the load generator sends, and to which server."""
-
-    label: str  # cascade, static, fixed-fast, fixed-best, baseline
-    policy: str  # the request's `policy` field (the baseline ignores it)
-    rung: str | None = None
-    baseline: bool = False
-
-    def __str__(self) -> str:
-        return f"{self.label} ({self.rung})" if self.rung else self.label
 
 
 def _candidates(ladder: Ladder) -> list[Rung | Ensemble]:
@@ -65,65 +61,6 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
         else:
             raise ValueError(f"unknown sweep policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     return specs
-
-
-@dataclass
-class SweepConfig:
-    ladder: Path
-    out: Path
-    deadlines_ms: tuple[float, ...] = (3.0, 5.0, 10.0, 20.0)
-    rates: tuple[float, ...] = (50.0, 200.0)
-    policies: tuple[str, ...] = POLICY_NAMES
-    requests: int = 200  # per cell (and per capacity trial) ...
-    duration_s: float = 5.0  # ... or this long, whichever comes first
-    on_infeasible: str = "reject"
-    timeout_s: float = 10.0
-    seed: int = 0
-    capacity: bool = False
-    capacity_deadline_ms: float = 10.0
-    capacity_start: float = 25.0
-    progress: bool = True
-
-
-@dataclass
-class Cell:
-    spec: PolicySpec
-    rate: float
-    deadline_ms: float
-    records: list[Record]
-    metrics: dict[str, Any]
-
-
-@dataclass
-class OracleRow:
-    deadline_ms: float
-    images: int
-    fitting: list[str]  # non-dominated rungs whose measured p99 at batch 1 fits the deadline
-    oracle: float  # share of images that at least one fitting rung classifies correctly
-    best_rung: str | None  # the most accurate fitting rung by val accuracy ...
-    best_rung_accuracy: float  # ... and its accuracy on the same images
-
-
-@dataclass
-class Capacity:
-    label: str
-    deadline_ms: float
-    rate: float | None  # highest rate that passed
-    fails_at: float | None  # lowest rate that failed above it
-    trials: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class SweepResult:
-    config: SweepConfig
-    ladder: Ladder
-    specs: list[PolicySpec]
-    machine: dict[str, Any]
-    started: str
-    wall_s: float
-    cells: list[Cell]
-    oracle: list[OracleRow]
-    capacity: list[Capacity]
 
 
 def machine_info(ladder: Ladder) -> dict[str, Any]:
@@ -297,8 +234,6 @@ def _search_capacity(runner: _Runner, spec: PolicySpec, config: SweepConfig) -> 
 
 def save_sweep(result: SweepResult) -> Path:
     """sweep.json, per-cell records, report.md and the plots under config.out; returns report.md's path."""
-    from loadtest.report import write_report
-
     out = result.config.out
     (out / "records").mkdir(parents=True, exist_ok=True)
     for cell in result.cells:

@@ -11,7 +11,7 @@ from pathlib import Path
 from engines.base import Engine
 from engines.factory import open_record
 from engines.manifest import EngineRecord, Ladder, load_ladder
-from models.data import PreprocessSpec
+from models.preprocess import PreprocessSpec
 from service.config import Settings
 from service.metrics import Metrics
 from service.planner import Planner

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli.main import main
 from loadtest.client import check_target
 from loadtest.harness import png_base64, running_server
 from loadtest.http import ConnectionPool
@@ -17,7 +18,6 @@ from loadtest.schedule import DeadlineMix, image_order, make_workload, poisson_o
 from loadtest.summary import Record, read_records, summarize
 from loadtest.sweep import SweepConfig, capacity_passes, find_capacity, run_sweep, save_sweep
 from models.data import FashionMNIST
-from service.cli import main
 
 
 def _record(i: int, status: int, code: str, client_ms: float, **answer: object) -> Record:
@@ -224,8 +224,8 @@ def test_allow_remote_lifts_the_guard_without_sending_anything() -> None:
 
 
 @pytest.mark.slow
-def test_short_real_run_writes_records_and_summary(default_ladder_dir: Path, tmp_path: Path) -> None:
-    with running_server(default_ladder_dir) as url:
+def test_short_real_run_writes_records_and_summary(ladder_dir: Path, tmp_path: Path) -> None:
+    with running_server(ladder_dir) as url:
         argv = ["loadtest", "--url", url, "--rate", "40", "--requests", "60", "--duration", "3", "--quiet"]
         assert main([*argv, "--deadline-mix", "3:0.3,10:0.5,50:0.2", "--out", str(tmp_path / "server")]) == 0
         single = ["--scenario", "single-stream", "--requests", "15", "--policy", "static"]
@@ -249,9 +249,9 @@ def test_short_real_run_writes_records_and_summary(default_ladder_dir: Path, tmp
 
 
 @pytest.mark.slow
-def test_tiny_sweep_writes_report_and_plots(default_ladder_dir: Path, tmp_path: Path, fmnist: FashionMNIST) -> None:
+def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fmnist: FashionMNIST) -> None:
     config = SweepConfig(
-        ladder=default_ladder_dir,
+        ladder=ladder_dir,
         out=tmp_path,
         deadlines_ms=(20.0,),
         rates=(40.0,),
@@ -274,12 +274,12 @@ def test_tiny_sweep_writes_report_and_plots(default_ladder_dir: Path, tmp_path: 
 
 
 @pytest.mark.slow
-def test_baseline_answers_like_the_service(default_ladder_dir: Path, fmnist: FashionMNIST) -> None:
+def test_baseline_answers_like_the_service(ladder_dir: Path, fmnist: FashionMNIST) -> None:
     from fastapi.testclient import TestClient
 
     from loadtest.baseline import create_baseline_app
 
-    client = TestClient(create_baseline_app(default_ladder_dir))
+    client = TestClient(create_baseline_app(ladder_dir))
     image = fmnist.split("test").images[0]
     body = client.post("/v1/classify", json={"image": png_base64(image), "deadline_ms": 1000, "policy": "x"}).json()
     assert {"label", "rung", "exit", "latency_ms", "deadline_met"} <= set(body) and body["deadline_met"]
