@@ -32,7 +32,7 @@ import numpy as np
 from engines.base import Engine
 from engines.thresholds import entropy
 from service.errors import ApiError, DeadlineExpired, InternalError, QueueFull, ShuttingDown
-from service.planner import OnInfeasible, Plan, Planner, Policy
+from service.planner import Combiner, OnInfeasible, Plan, PlanKind, Planner
 from service.predictor import LatencyPredictor
 
 log = logging.getLogger("anytime.scheduler")
@@ -55,6 +55,7 @@ class Job:
     finished: float | None = None
     run_s: float = 0.0  # time inside engines, all steps
     batch_sizes: list[int] = field(default_factory=list)
+    member_logits: list[np.ndarray] = field(default_factory=list)  # a member cascade's members so far
     cancelled: bool = False
     error: ApiError | None = None
 
@@ -70,10 +71,12 @@ class Scheduler:
         margin_ms: float,
         metrics: object | None = None,
         inline_max_ms: float = 0.0,
+        combiners: dict[str, list[Combiner]] | None = None,
     ) -> None:
         self.engines, self.planner, self.predictor = engines, planner, predictor
         self.max_queue, self.max_batch, self.margin_ms = max_queue, max_batch, margin_ms
         self.inline_max_ms = inline_max_ms
+        self.combiners = combiners or {}  # a member cascade's stackers, one per prefix of 2.. members
         self.metrics = metrics
         self._heap: list[tuple[float, int, Job]] = []
         self._seq = itertools.count()
@@ -269,27 +272,52 @@ class Scheduler:
         error = self.predictor.observe(name, len(batch), ms)
         if self.metrics is not None:
             self.metrics.observe_batch(name, len(batch), error)  # type: ignore[attr-defined]
-        logits = outputs[-1]
-        entropies = entropy(logits)
-        for i, job in enumerate(batch):
+        for job in batch:
             job.step += 1
             job.run_s += now - start
             job.batch_sizes.append(len(batch))
-            job.logits = logits[i : i + 1]
+        answers = self._answers(batch, outputs[-1])
+        entropies = entropy(answers)
+        for i, job in enumerate(batch):
+            job.logits = answers[i : i + 1]
             job.entropy = float(entropies[i])
-            if job.plan.policy is Policy.CASCADE and not self._stop and self._go_on(job, outputs[0][i : i + 1], now):
+            if job.plan.kind is PlanKind.RUNG or self._stop or not self._go_on(job, outputs[0][i : i + 1], now):
+                self._finish(job)
+            else:
                 with self._cond:
                     heapq.heappush(self._heap, (job.deadline, next(self._seq), job))
-            else:
-                self._finish(job)
+
+    def _answers(self, batch: list[Job], logits: np.ndarray) -> np.ndarray:
+        """Each job's answer after this step: the engine's logits, or for a member cascade past its first
+        member the stacker's combination of every member's so far (one stacker call per cascade and step)."""
+        answers = logits
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, job in enumerate(batch):
+            if job.plan.kind is PlanKind.MEMBERS:
+                job.member_logits.append(logits[i : i + 1])
+                if job.step > 1:
+                    groups.setdefault((job.plan.name, job.step), []).append(i)
+        for (name, step), rows in groups.items():
+            if answers is logits:
+                answers = logits.copy()
+            combine = self.combiners[name][step - 2]
+            features = [np.concatenate([batch[i].member_logits[m] for i in rows]) for m in range(step)]
+            probs = combine(features)
+            answers[rows] = np.log(np.clip(probs, 1e-12, None))
+        return answers
 
     def _go_on(self, job: Job, features: np.ndarray, now: float) -> bool:
         if job.cancelled:
             return False
+        if job.plan.kind is PlanKind.STAGES:
+            score = job.entropy
+        else:
+            z = job.logits[0].astype(np.float64)  # type: ignore[index]
+            score = float(1.0 / np.exp(z - z.max()).sum())  # the top probability
         time_left = (job.deadline - now) * 1e3
-        go = self.planner.continue_cascade(job.plan, job.step, job.entropy, time_left, self.wait_ms(job.deadline))
-        if go:
-            job.x = features
+        go = self.planner.continue_cascade(job.plan, job.step, score, time_left, self.wait_ms(job.deadline))
+        if go and job.plan.kind is PlanKind.STAGES:
+            job.x = features  # the next stage runs on this one's features; a member runs on the image
         return go
 
     def _finish(self, job: Job) -> None:

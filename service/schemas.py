@@ -15,7 +15,7 @@ class ClassifyOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     deadline_ms: float = Field(..., ge=1, le=60000, description="answer within this many ms of arrival")
-    policy: Policy = Policy.CASCADE
+    policy: Policy = Policy.AUTO
     rung: str | None = Field(None, description="the rung to run, with policy=fixed")
     on_infeasible: OnInfeasible = OnInfeasible.REJECT
     top_k: int = Field(1, ge=1, le=100)
@@ -42,10 +42,12 @@ class ClassifyResponse(BaseModel):
     top_k: list[TopK]
     rung: str
     policy: Policy
-    exit: int = Field(..., description="the exit that answered; 0 for an ensemble")
+    exit: int = Field(..., description="the exit that answered; 0 for a combination of models")
     precision: str
     backend: str
-    members: list[str] = Field(default_factory=list, description="an ensemble's member rungs; empty otherwise")
+    members: list[str] = Field(
+        default_factory=list, description="the models combined: an ensemble's members, or the members a cascade ran"
+    )
     entropy: float
     stages_run: int
     batch_sizes: list[int]

@@ -111,7 +111,7 @@ def test_cascade_stops_on_confident_exits(
     client: httpx.Client, ladder: Ladder, ladder_dir: Path, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
     images = test_images[0][:60]
-    bodies = [_classify(client, img, 5000).json() for img in images]
+    bodies = [_classify(client, img, 5000, policy="cascade").json() for img in images]
     cascade = next(c for c in ladder.cascades if c.name == bodies[0]["rung"])
     stage1 = ladder.stage(cascade.stages[0])
     engine = open_engine(stage1.backend, ladder_dir / stage1.artifact.path, stage1.precision)
@@ -271,3 +271,18 @@ def test_readyz_is_503_until_warm(ladder_dir: Path) -> None:
     with TestClient(early) as c:
         r = c.post("/v1/classify", json={"image": "AAAA", "deadline_ms": 50})
         assert r.status_code in (503, 400)  # not_ready while loading; bad_image once ready
+
+
+def test_auto_is_the_default_and_dominated_rungs_load_only_when_named(
+    client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
+) -> None:
+    body = _classify(client, test_images[0][1], 5000).json()
+    assert body["policy"] == "auto" and body["deadline_met"]
+    dominated = [r for r in ladder.rungs if r.dominated]
+    assert dominated, "the ladder has dominated rungs"
+    loaded = client.get("/readyz").json()["engines"]
+    assert loaded < len(ladder.rungs) + len(ladder.stages) + len(ladder.ensembles)
+    named = min(dominated, key=lambda r: r.profile(1).p99_ms)  # not one another test names (the slowest)
+    body = _classify(client, test_images[0][1], 5000, policy="fixed", rung=named.name).json()
+    assert body["rung"] == named.name and body["deadline_met"]  # loaded on first use, then answered
+    assert client.get("/readyz").json()["engines"] == loaded + 1

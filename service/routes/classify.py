@@ -25,7 +25,7 @@ import orjson
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from engines.manifest import Ensemble, Rung, Stage
+from engines.manifest import EngineRecord, Ensemble, Rung, Stage
 from service.admission import admit, plan_for
 from service.errors import (
     ApiError,
@@ -35,7 +35,7 @@ from service.errors import (
     ShuttingDown,
 )
 from service.images import INLINE_MAX_PIXELS, Input
-from service.planner import OnInfeasible, Plan
+from service.planner import OnInfeasible, Plan, PlanKind
 from service.requests import (
     INLINE_MAX_JSON,
     JSON,
@@ -129,6 +129,7 @@ async def _handle(scope: Scope, receive: Receive, batch: bool) -> Answer:
         clock.lap("validate")
         if plan is None:
             plan = plan_for(runtime, options, clock.arrival)
+        await runtime.require(plan.engines)  # a dominated rung is loaded on first use
         clock.lap("plan")
         inputs = await _decode(runtime, items, len(body))
         clock.lap("decode")
@@ -280,7 +281,7 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
     order = [int(probs.argmax())] if options.top_k == 1 else [int(i) for i in np.argsort(-probs)[: options.top_k]]
     names = runtime.ladder.class_names
     record = runtime.records[job.plan.engines[job.step - 1]]
-    exit_k = record.index if isinstance(record, Stage) else record.exit if isinstance(record, Rung) else 0
+    exit_k, members = _exit_and_members(job, record)
     metrics.requests.labels(options.policy, job.plan.name, "ok" if met else "late").inc()
     metrics.exits.labels(str(exit_k)).inc()
     return {
@@ -293,7 +294,7 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
         "exit": int(exit_k),
         "precision": str(record.precision),
         "backend": str(record.backend),
-        "members": list(record.members) if isinstance(record, Ensemble) else [],
+        "members": members,
         "entropy": job.entropy,
         "stages_run": job.step,
         "batch_sizes": job.batch_sizes,
@@ -303,6 +304,16 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
         "deadline_met": met,
         "resized": resized,
     }
+
+
+def _exit_and_members(job: Job, record: EngineRecord) -> tuple[int, list[str]]:
+    """The exit that answered (0: a combination of several models) and the models combined."""
+    if job.plan.kind is PlanKind.MEMBERS:
+        run = job.plan.members[: job.step]
+        return (record.exit if isinstance(record, Rung) else 0) if len(run) == 1 else 0, run
+    if isinstance(record, Ensemble):
+        return 0, list(record.members)
+    return (record.index if isinstance(record, Stage) else record.exit if isinstance(record, Rung) else 0), []
 
 
 def _count(runtime: Runtime, options: ClassifyOptions | None, code: str) -> None:
