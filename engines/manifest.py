@@ -129,18 +129,19 @@ class Cascade(_Model):
 class MemberCascade(_Model):
     """A heterogeneous cascade: member rungs of different families run one after another.
 
-    After member j the outputs so far are combined (member 1 alone; members 1..j by `stackers[j-2]`, a
-    stacker over their probabilities) and the cascade stops when the combined answer's highest probability
-    reaches `thresholds[j-1]`, or when the next member no longer fits the deadline: the answer is then the
-    combination so far. Orders, thresholds and stackers are chosen on val; costs are measured end to end
-    (members, stackers and gate) over the test split at batch 1.
+    After member j the outputs so far are combined (member 1 alone; members 1..j by `combiners[j-2]`: the
+    mean of their probabilities, or a logistic-regression stacker over them, `stackers[j-2]`) and the cascade
+    stops when the combined answer's highest probability reaches `thresholds[j-1]`, or when the next member
+    no longer fits the deadline: the answer is then the combination so far. Orders, combiners and
+    thresholds are chosen on val; costs are measured end to end (members, combiners and gate) over the test
+    split at batch 1.
     """
 
     kind: Literal["member_cascade"] = "member_cascade"
     name: str
     members: list[str]  # rung names, in the order they run
-    stackers: list[Artifact]  # one per prefix of 2.. members: stackers[j-2] combines members[:j]
-    stacker_kinds: list[Literal["logistic_regression", "mlp"]]
+    combiners: list[Literal["soft_vote", "logistic_regression"]]  # one per prefix of 2.. members
+    stackers: list[Artifact | None]  # the ONNX stacker of a logistic_regression combiner, None for soft_vote
     gate: Literal["max_probability"] = "max_probability"
     thresholds: list[float]  # after member j < k: stop when the combined answer's top probability >= this
     accuracy_bound_pp: float  # val accuracy lost against running every member, at most

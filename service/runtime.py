@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engines.base import Engine
-from engines.ensemble import StackerKind, StackerSession, member_features
+from engines.ensemble import StackerKind, StackerSession, member_features, soft_vote
 from engines.factory import open_record
-from engines.manifest import Artifact, EngineRecord, Ladder, MemberCascade, load_ladder
+from engines.manifest import EngineRecord, Ladder, MemberCascade, load_ladder
 from models.preprocess import PreprocessSpec
 from service.config import Settings
 from service.metrics import Metrics
@@ -70,7 +70,7 @@ class Runtime:
                     return
                 self._open(name)
             for cascade in self.ladder.member_cascades:
-                self.combiners[cascade.name] = [self._combiner(cascade, a) for a in cascade.stackers]
+                self.combiners[cascade.name] = [self._combiner(cascade, j) for j in range(2, len(cascade.members) + 1)]
             # Everything loaded so far lives as long as the server: out of the collector's sight, a collection
             # scans only what requests allocate (a full one over the loaded modules took milliseconds).
             gc.collect()
@@ -87,13 +87,18 @@ class Runtime:
         engine.warmup((1, 8), runs=self.settings.warmup_runs)
         self.engines[name] = engine
 
-    def _combiner(self, cascade: MemberCascade, stacker: Artifact) -> Combiner:
-        """A member cascade's stacker over the probabilities of its first j members (j from the file)."""
+    def _combiner(self, cascade: MemberCascade, j: int) -> Combiner:
+        """How a member cascade combines its first j members: the mean of their probabilities, or its stacker."""
+        stacker = cascade.stackers[j - 2]
+        if cascade.combiners[j - 2] == "soft_vote" or stacker is None:
+            return lambda member_logits: soft_vote(list(member_logits))
         num_classes = len(self.ladder.class_names)
-        j = cascade.stackers.index(stacker) + 2
-        kind = StackerKind(cascade.stacker_kinds[j - 2])
         session = StackerSession(
-            Path(self.settings.ladder) / stacker.path, stacker.sha256, kind, j * num_classes, num_classes
+            Path(self.settings.ladder) / stacker.path,
+            stacker.sha256,
+            StackerKind.LOGISTIC,
+            j * num_classes,
+            num_classes,
         )
         return lambda member_logits: session.predict_proba(member_features(list(member_logits)))
 
