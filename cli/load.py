@@ -63,12 +63,21 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
         default=SWEEP["deadlines_ms"],
         help="ms, e.g. 3,5,10,20 (default: %(default)s)",
     )
-    p.add_argument("--rates", type=positive_floats, default=SWEEP["rates"], help="req/s, e.g. 50,200")
+    rates = p.add_mutually_exclusive_group()
+    rates.add_argument("--rates", type=positive_floats, default=SWEEP["rates"], help="req/s, e.g. 50,200")
+    rates.add_argument(
+        "--load",
+        type=positive_floats,
+        default=SWEEP["load"],
+        help="percent of the capacity of auto, measured first (default: %(default)s; used without --rates)",
+    )
+    p.add_argument("--repeats", type=positive, default=SWEEP["repeats"], help="runs per cell (default: %(default)s)")
     p.add_argument(
         "--policies",
         default=",".join(SWEEP["policies"]),
-        help="fixed-fast: the rung with the lowest p99 at batch 1; fixed-best: the highest val accuracy; "
-        "baseline: the plain server of loadtest/baseline.py (default: %(default)s)",
+        help="auto, static, cascade; front: every served option as fixed; fixed-fast: the rung with the lowest "
+        "p99 at batch 1; fixed-best: the highest val accuracy; baseline: the plain server of loadtest/baseline.py "
+        "(default: %(default)s)",
     )
     _add_load_options(p, SWEEP)
     p.add_argument("--capacity", action="store_true", help="also search each policy's capacity (MLPerf Server)")
@@ -144,6 +153,8 @@ def run_sweep(args: argparse.Namespace) -> None:
         out=args.out,
         deadlines_ms=args.deadlines,
         rates=args.rates,
+        load=args.load,
+        repeats=args.repeats,
         policies=tuple(p.strip() for p in args.policies.split(",")),
         requests=args.requests,
         duration_s=args.duration,

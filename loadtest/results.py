@@ -12,7 +12,9 @@ from typing import Any
 from engines.manifest import Ladder
 from loadtest.summary import Record
 
-POLICY_NAMES = ("cascade", "static", "fixed-fast", "fixed-best", "baseline")
+# front: every option the server serves (rungs, ensembles and cascades off no one's shadow), each as `fixed`
+POLICY_NAMES = ("auto", "static", "cascade", "front", "baseline")
+OTHER_POLICIES = ("fixed-fast", "fixed-best")
 CAPACITY_ATTAINMENT = 0.99
 EXPAND_STEPS, BISECTIONS = 6, 3  # the capacity search's bound: at most 9 short runs per policy
 
@@ -21,7 +23,7 @@ EXPAND_STEPS, BISECTIONS = 6, 3  # the capacity search's bound: at most 9 short 
 class PolicySpec:
     """One column of the sweep: what the load generator sends, and to which server."""
 
-    label: str  # cascade, static, fixed-fast, fixed-best, baseline
+    label: str  # auto, static, cascade, fixed:<option>, fixed-fast, fixed-best, baseline
     policy: str  # the request's `policy` field (the baseline ignores it)
     rung: str | None = None
     baseline: bool = False
@@ -34,11 +36,13 @@ class PolicySpec:
 class SweepConfig:
     ladder: Path
     out: Path
-    deadlines_ms: tuple[float, ...] = (3.0, 5.0, 10.0, 20.0)
-    rates: tuple[float, ...] = (50.0, 200.0)
+    deadlines_ms: tuple[float, ...] = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
+    rates: tuple[float, ...] = ()  # req/s; none: `load` percent of the measured capacity
+    load: tuple[float, ...] = (25.0, 50.0, 75.0, 100.0)
     policies: tuple[str, ...] = POLICY_NAMES
-    requests: int = 200  # per cell (and per capacity trial) ...
-    duration_s: float = 5.0  # ... or this long, whichever comes first
+    repeats: int = 3  # every cell is run this many times (seeds seed..seed+repeats-1): the noise
+    requests: int = 600  # per cell (and per capacity trial) ...
+    duration_s: float = 2.0  # ... or this long, whichever comes first
     on_infeasible: str = "reject"
     timeout_s: float = 10.0
     seed: int = 0
@@ -55,15 +59,18 @@ class Cell:
     deadline_ms: float
     records: list[Record]
     metrics: dict[str, Any]
+    repeat: int = 0
 
 
 @dataclass
 class OracleRow:
+    """The union bound at one deadline: an image counts if any served plan that fits the deadline is right."""
+
     deadline_ms: float
     images: int
-    fitting: list[str]  # non-dominated rungs whose measured p99 at batch 1 fits the deadline
-    oracle: float  # share of images that at least one fitting rung classifies correctly
-    best_rung: str | None  # the most accurate fitting rung by val accuracy ...
+    fitting: list[str]  # served plans (a cascade at a depth) whose measured p99 at batch 1 fits the deadline
+    oracle: float  # share of images at least one fitting plan classifies correctly
+    best_rung: str | None  # the most accurate fitting plan by val accuracy ...
     best_rung_accuracy: float  # ... and its accuracy on the same images
 
 
@@ -87,3 +94,4 @@ class SweepResult:
     cells: list[Cell]
     oracle: list[OracleRow]
     capacity: list[Capacity]
+    load_capacity: Capacity | None = None  # auto's, when the rates are percentages of it
