@@ -69,6 +69,10 @@ class ShuttingDown(ApiError):
     status, code = 503, "shutting_down"
 
 
+class OutOfService(ApiError):
+    status, code = 503, "out_of_service"
+
+
 class Overloaded(ApiError):
     status, code = 503, "overloaded"
 

@@ -21,7 +21,7 @@ from itertools import accumulate
 import numpy as np
 
 from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung
-from service.errors import DeadlineInfeasible, UnknownRung
+from service.errors import DeadlineInfeasible, OutOfService, UnknownRung
 from service.predictor import LatencyPredictor
 
 # Combines the logits of the members run so far into the answer's logits (a member cascade's stacker).
@@ -111,6 +111,14 @@ class Planner:
         self.static = sorted((o for o in rungs if o.served), key=lambda o: -o.accuracy_by_depth[0])
         self.cascades = sorted(stages, key=lambda o: -o.accuracy_by_depth[-1])
         self.auto = [o for o in self.options.values() if o.served]
+        self.out: set[str] = set()  # engines taken out of service (they failed)
+
+    def take_out(self, engine: str) -> None:
+        """An engine failed: no plan uses it from now on."""
+        self.out.add(engine)
+
+    def _usable(self, options: list[Option]) -> list[Option]:
+        return [o for o in options if not self.out.intersection(o.engines)]
 
     @property
     def rungs(self) -> dict[str, Option]:
@@ -127,7 +135,10 @@ class Planner:
     def _named(self, name: str | None) -> Option:
         if name is None or name not in self.options:
             raise UnknownRung(f"unknown rung {name!r}; see GET /v1/ladder for the rungs", rung=name)
-        return self.options[name]
+        option = self.options[name]
+        if self.out.intersection(option.engines):
+            raise OutOfService(f"rung {name} is out of service (its engine failed); another policy can answer")
+        return option
 
     def _best_within(self, options: list[Option], budget_ms: float) -> Option | None:
         """The option worth most within the budget: accuracy at the depth that fits, then the cheaper."""
@@ -147,7 +158,10 @@ class Planner:
             option = self._named(rung)
         else:
             pool = {Policy.AUTO: self.auto, Policy.CASCADE: self.cascades, Policy.STATIC: self.static}[policy]
-            option = min(pool, key=lambda o: self.predictor.predict(o.engines[0]))
+            usable = self._usable(pool)
+            if not usable:
+                raise OutOfService(f"no {policy} plan is in service: its engines failed")
+            option = min(usable, key=lambda o: self.predictor.predict(o.engines[0]))
         return option.plan(policy), self.predictor.predict(option.engines[0])
 
     def plan(
@@ -162,15 +176,15 @@ class Planner:
         """
         budget = time_left_ms - wait_ms - self.margin_ms
         if policy is Policy.AUTO:
-            chosen = self._best_within(self.auto, budget)
+            chosen = self._best_within(self._usable(self.auto), budget)
             if chosen is not None:
                 return chosen.plan(policy)
         elif policy is Policy.STATIC:
-            for option in self.static:
+            for option in self._usable(self.static):
                 if self.depth_within(option, budget) == 1:
                     return option.plan(policy)
         elif policy is Policy.CASCADE:
-            for option in self.cascades:
+            for option in self._usable(self.cascades):
                 if self.depth_within(option, budget) == len(option.engines):
                     return option.plan(policy)
         fastest, first_ms = self.fastest(policy, rung)

@@ -32,7 +32,7 @@ import numpy as np
 from engines.base import Engine
 from engines.thresholds import entropy
 from service.errors import ApiError, DeadlineExpired, InternalError, QueueFull, ShuttingDown
-from service.planner import Combiner, OnInfeasible, Plan, PlanKind, Planner
+from service.planner import Combiner, OnInfeasible, Plan, PlanKind, Planner, Policy
 from service.predictor import LatencyPredictor
 
 log = logging.getLogger("anytime.scheduler")
@@ -85,6 +85,7 @@ class Scheduler:
         self._jobs = 0  # accepted jobs not yet finished
         self._draining = False
         self._stop = False
+        self.crashed = False  # the worker died of a fault of its own
         self._thread = threading.Thread(target=self._work, name="anytime-worker", daemon=True)
 
     # -- client side ---------------------------------------------------------------------------------
@@ -93,7 +94,8 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        """The worker runs (or has not started yet) and has not died of a fault."""
+        return not self.crashed and (self._thread.is_alive() or self._thread.ident is None)
 
     def drain(self) -> None:
         """Refuse new work from now on (503 shutting_down); what is queued still runs."""
@@ -131,6 +133,8 @@ class Scheduler:
 
     def check_room(self, n: int = 1) -> None:
         """Raise (429 queue_full, 503 shutting_down) when `n` more jobs would not be accepted now."""
+        if self.crashed:
+            raise InternalError("internal error: the server cannot run models now")
         if self._draining:
             raise ShuttingDown("the server is shutting down", headers={"Retry-After": "1"})
         if self._jobs + n > self.max_queue:
@@ -182,29 +186,66 @@ class Scheduler:
 
     # -- worker side ---------------------------------------------------------------------------------
     def _work(self) -> None:
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    while not self._heap and not self._stop:
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    batch = self._take_batch()
+                if batch:
+                    self._run_batch(batch)
+        except Exception:  # a fault in the scheduler itself: nothing queued may wait forever for an answer
+            log.exception("the scheduler's worker stopped")
+            self.crashed = True
             with self._cond:
-                while not self._heap and not self._stop:
-                    self._cond.wait()
-                if self._stop:
-                    return
-                batch = self._take_batch()
-            if batch:
-                self._run_batch(batch)
+                left = [entry[2] for entry in self._heap]
+                self._heap.clear()
+            for job in left:
+                job.error = InternalError("internal error: the server cannot run models now")
+                self._finish(job)
 
     def _run_batch(self, batch: list[Job]) -> None:
+        engine = batch[0].plan.engines[batch[0].step]
         try:
             self._run(batch)
-        except Exception:  # a failing engine must not kill the worker; the jobs get a 500
-            log.exception("engine %s failed", batch[0].plan.engines[batch[0].step])
+        except Exception:  # a failing engine must not fail its requests: it leaves service, they re-plan
+            log.exception("engine %s failed: taken out of service", engine)
+            self.planner.take_out(engine)
+            if self.metrics is not None:
+                self.metrics.engine_failures.labels(engine).inc()  # type: ignore[attr-defined]
             for job in batch:
                 if job.finished is None:
-                    job.error = InternalError("internal error while running the model")
-                    self._finish(job)
+                    self._replan(job)
         finally:
             with self._cond:
                 if self._heap:  # a cascade's next stage may have been queued by an inline run
                     self._cond.notify()
+
+    def _replan(self, job: Job) -> None:
+        """A job whose engine failed: its best answer so far, or a new plan on the engines still in service."""
+        if job.logits is not None:
+            self._finish(job)
+            return
+        time_left = (job.deadline - time.monotonic()) * 1e3
+        on_infeasible = OnInfeasible.BEST_EFFORT if job.best_effort else OnInfeasible.REJECT
+        try:
+            job.plan = self.planner.plan(
+                job.plan.policy,
+                time_left,
+                self.wait_ms(job.deadline),
+                on_infeasible,
+                job.plan.name if job.plan.policy is Policy.FIXED else None,
+            )
+        except ApiError as e:
+            job.error = e
+            self._finish(job)
+            return
+        job.step, job.member_logits = 0, []
+        with self._cond:
+            heapq.heappush(self._heap, (job.deadline, next(self._seq), job))
+            self._cond.notify()
 
     def _take_batch(self) -> list[Job]:
         """Pop the earliest-due runnable job and the queued jobs for the same engine that can share its run."""

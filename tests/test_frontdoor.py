@@ -508,3 +508,15 @@ def test_sigterm_drains_answers_in_flight_work_and_exits_0(
     assert all(status == 200 or code == "shutting_down" for status, code in answers), answers
     _log_is_clean(log)
     assert "Finished server process" in log.read_text()
+
+
+def test_healthz_turns_503_when_the_worker_died_and_readyz_keeps_details_in_the_log(ladder_dir: Path) -> None:
+    app = create_app(Settings(ladder=ladder_dir))  # no lifespan: nothing loads
+    c = TestClient(app)
+    assert c.get("/healthz").status_code == 200
+    app.state.runtime.scheduler.crashed = True
+    r = c.get("/healthz")
+    assert r.status_code == 503 and r.json()["code"] == "worker_dead"
+    app.state.runtime.failed = "ValueError: secret path /etc/something"
+    r = c.get("/readyz")
+    assert r.status_code == 503 and r.json()["code"] == "load_failed" and "secret" not in r.text

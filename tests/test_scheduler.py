@@ -10,7 +10,7 @@ import pytest
 
 from engines.base import Backend, EngineBase, Precision
 from engines.manifest import Artifact, Cascade, Ladder, LatencyProfile, MemberCascade, Rung, Stage
-from service.errors import DeadlineExpired, DeadlineInfeasible, QueueFull, ShuttingDown
+from service.errors import DeadlineExpired, DeadlineInfeasible, InternalError, OutOfService, QueueFull, ShuttingDown
 from service.planner import OnInfeasible, Plan, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job, Scheduler
@@ -436,3 +436,74 @@ def test_a_member_cascade_stops_after_a_confident_first_member() -> None:
         assert job.step == 1 and engines["m2"].batches == [] and scheduler.calls == []  # type: ignore[attr-defined]
     finally:
         scheduler.stop()
+
+
+class FailingEngine(SleepEngine):
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
+        raise RuntimeError("injected engine fault")
+
+
+class CountingMetrics:
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+        self.engine_failures = self
+
+    def labels(self, engine: str) -> CountingMetrics:
+        self.failures.append(engine)
+        return self
+
+    def inc(self) -> None:
+        pass
+
+    def observe_batch(self, engine: str, size: int, error_ms: float) -> None:
+        pass
+
+
+def test_a_failing_engine_leaves_service_and_its_requests_are_replanned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ladder = _auto_ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+    planner = Planner(ladder, predictor, margin_ms=1.0)
+    engines = {"slow": FailingEngine(1.0), "fast": SleepEngine(1.0, unsure=False), "m1": SleepEngine(1.0)}
+    metrics = CountingMetrics()
+    scheduler = Scheduler(engines, planner, predictor, 8, 4, margin_ms=1.0, metrics=metrics)
+    scheduler.start()
+    try:
+        done: list[Job] = []
+        event = threading.Event()
+        now = time.monotonic()
+        plan = planner.plan(Policy.STATIC, 500, 0.0, OnInfeasible.REJECT)
+        assert plan.name == "slow"  # the most accurate rung: it will fail
+        job = Job("j", now, now + 0.5, np.zeros((1, 4), np.float32), plan, lambda j: (done.append(j), event.set()))
+        with caplog.at_level("ERROR", logger="anytime.scheduler"):
+            scheduler.submit(job)
+            assert event.wait(2)
+        assert job.error is None and job.plan.name == "fast" and job.step == 1  # answered by the next best
+        assert metrics.failures == ["slow"] and "injected engine fault" in caplog.text
+        assert planner.plan(Policy.STATIC, 500, 0.0, OnInfeasible.REJECT).name == "fast"  # out of service now
+        with pytest.raises(OutOfService):
+            planner.plan(Policy.FIXED, 500, 0.0, OnInfeasible.REJECT, "slow")
+    finally:
+        scheduler.stop()
+
+
+def test_a_crashed_worker_answers_what_was_queued_and_takes_no_more(no_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    scheduler, planner, _ = no_worker
+    done: list[Job] = []
+    jobs = [_job(planner, Policy.CASCADE, 5000, done) for _ in range(3)]
+
+    def broken() -> list[Job]:
+        raise RuntimeError("injected scheduler fault")
+
+    monkeypatch.setattr(scheduler, "_take_batch", broken)
+    for job in jobs:
+        scheduler.submit(job)
+    scheduler.start()
+    deadline = time.monotonic() + 2
+    while len(done) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(done) == 3 and all(isinstance(j.error, InternalError) for j in jobs)  # not silence
+    assert not scheduler.alive
+    with pytest.raises(InternalError):
+        scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))

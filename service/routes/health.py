@@ -9,9 +9,11 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    """Alive: the process answers."""
-    return {"status": "ok"}
+async def healthz(runtime: RuntimeDep) -> JSONResponse:
+    """Alive: the process answers and its scheduler's worker runs (503 once it died: restart the process)."""
+    if not runtime.scheduler.alive:
+        return JSONResponse({"code": "worker_dead", "message": "the scheduler's worker stopped"}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/readyz")
@@ -19,8 +21,8 @@ async def readyz(runtime: RuntimeDep) -> JSONResponse:
     """200 once every engine of the ladder is loaded and warmed; 503 until then."""
     if runtime.ready.is_set():
         return JSONResponse({"status": "ready", "engines": len(runtime.engines)})
-    if runtime.failed:
-        return JSONResponse({"code": "load_failed", "message": runtime.failed}, status_code=503)
+    if runtime.failed:  # the details are in the server's log, not for clients
+        return JSONResponse({"code": "load_failed", "message": "the ladder could not be loaded"}, status_code=503)
     return JSONResponse(
         {"code": "not_ready", "message": f"loading: {len(runtime.engines)} of {len(runtime.records)} engines warmed"},
         status_code=503,
