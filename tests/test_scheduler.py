@@ -507,3 +507,15 @@ def test_a_crashed_worker_answers_what_was_queued_and_takes_no_more(no_worker, m
     assert not scheduler.alive
     with pytest.raises(InternalError):
         scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))
+
+
+def test_predictor_scales_unobserved_engines_by_the_machines_slowdown() -> None:
+    ladder = _ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs], window=50)
+    before = predictor.predict("s2", 1)
+    for _ in range(20):
+        predictor.observe("s1", 1, 40.0)  # s1 runs at twice its profiled p90 (20 ms)
+    assert predictor.predict("s2", 1) == pytest.approx(2.0 * before)  # s2 never ran: scaled alike
+    for _ in range(20):
+        predictor.observe("s1", 1, 1.0)  # a fast machine never scales the idle profile down
+    assert predictor.predict("s2", 1) >= before

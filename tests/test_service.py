@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import io
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_tight_deadline_gets_a_fast_rung_on_time(
     deadline = fastest.profile(1).p99_ms + margin + 1.0
     answered = [_classify(client, test_images[0][i], deadline, policy="static") for i in range(20)]
     ok = [r.json() for r in answered if r.status_code == 200]
-    assert len(ok) >= 10, [r.json() for r in answered if r.status_code != 200][:3]
+    assert len(ok) >= 17, [r.json() for r in answered if r.status_code != 200][:3]
     assert all(b["deadline_met"] and b["latency_ms"] <= deadline for b in ok)
     fit = {r.name for r in candidates if r.profile(1).p99_ms + margin <= deadline}
     assert {b["rung"] for b in ok} <= fit
@@ -130,7 +131,8 @@ def test_concurrent_mixed_deadlines_all_answered(ladder_dir: Path, test_images: 
     """Every request is answered, on time or with an explicit error; the loose ones are all served.
 
     Eight closed-loop clients in this process oversubscribe the two cores: engine runs then take 2-5x their
-    profiled p99, so some answers are ready only after their deadline and go out as 504s (5-8 % measured).
+    profiled p99, so some answers are ready only after their deadline and go out as 504s (11-27 of 400 measured,
+    see LatencyPredictor).
     """
     with running_server(ladder_dir) as server:
         _concurrent_run(server, test_images)
@@ -257,20 +259,33 @@ def test_metrics_parse_as_prometheus(client: httpx.Client) -> None:
     } <= names
 
 
-def test_readyz_is_503_until_warm(ladder_dir: Path) -> None:
+def test_readyz_is_503_until_warm(ladder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the engines load, /readyz and /v1/classify answer 503 not_ready; after, 200 and a real answer."""
+    from service.runtime import Runtime
+
+    gate = threading.Event()
+    real_open = Runtime._open
+
+    def held_open(self: Runtime, name: str) -> None:
+        assert gate.wait(60)
+        real_open(self, name)
+
+    monkeypatch.setattr(Runtime, "_open", held_open)
     app = create_app(Settings(ladder=ladder_dir))
+    image = base64.b64encode(_png_bytes()).decode()
     with TestClient(app) as c:
         first = c.get("/readyz")
         assert c.get("/healthz").status_code == 200
+        early = c.post("/v1/classify", json={"image": image, "deadline_ms": 50})
+        gate.set()
         deadline = time.monotonic() + 120
         while c.get("/readyz").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert c.get("/readyz").status_code == 200
-    assert first.status_code == 503 and first.json()["code"] == "not_ready"
-    early = create_app(Settings(ladder=ladder_dir))
-    with TestClient(early) as c:
-        r = c.post("/v1/classify", json={"image": "AAAA", "deadline_ms": 50})
-        assert r.status_code in (503, 400)  # not_ready while loading; bad_image once ready
+        ready = c.get("/readyz")
+        late = c.post("/v1/classify", json={"image": image, "deadline_ms": 5000})
+    assert first.status_code == 503 and first.json()["code"] == "not_ready" and first.headers["retry-after"]
+    assert early.status_code == 503 and early.json()["code"] == "not_ready"
+    assert ready.status_code == 200 and late.status_code == 200 and late.json()["deadline_met"]
 
 
 def test_auto_is_the_default_and_dominated_rungs_load_only_when_named(
