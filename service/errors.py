@@ -29,6 +29,10 @@ class BadImage(ApiError):
     status, code = 400, "bad_image"
 
 
+class Unauthorized(ApiError):
+    status, code = 401, "unauthorized"
+
+
 class UnsupportedMediaType(ApiError):
     status, code = 415, "unsupported_media_type"
 

@@ -29,10 +29,10 @@ class LatencyPredictor:
     the summed observed time over the summed profiled p90 of every recent run of every engine (never below 1:
     the profile was taken on an idle machine). Contention slows every engine, and a request that plans a rung
     the server has not run lately must not be planned on the idle machine's numbers. Measured with 8
-    closed-loop clients on 2 cores (400 mixed-deadline requests, 4-6 runs each): answers ready only after their
-    deadline fell from 23-61 to 11-27 while on-time answers stayed level (216-245, 233-242 before). A p90 of per-run ratios
-    instead cut late answers to 3-11 but served 12 % fewer: a 0.07 ms engine's ratio is mostly a stall of
-    fixed length, and multiplying a 1 ms engine by it overstates what that engine will take.
+    closed-loop clients on 2 cores (400 mixed-deadline requests, 4-6 runs each): answers ready only after
+    their deadline fell from 23-61 to 11-27 while on-time answers stayed level (216-245, 233-242 before). A p90
+    of per-run ratios instead cut late answers to 3-11 but served 12 % fewer: a 0.07 ms engine's ratio is
+    mostly a stall of fixed length, and multiplying a 1 ms engine by it overstates what that engine will take.
     """
 
     def __init__(self, records: list[EngineRecord], window: int = 200) -> None:

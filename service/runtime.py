@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -12,8 +13,9 @@ from pathlib import Path
 from engines.base import Engine
 from engines.ensemble import StackerKind, StackerSession, member_features, soft_vote
 from engines.factory import open_record
-from engines.manifest import EngineRecord, Ladder, MemberCascade, load_ladder
+from engines.manifest import MANIFEST_NAME, EngineRecord, Ladder, MemberCascade, load_ladder
 from models.preprocess import PreprocessSpec
+from service.auth import ApiKey
 from service.config import Settings
 from service.metrics import Metrics
 from service.planner import Combiner, Planner
@@ -29,6 +31,10 @@ class Runtime:
         self.ladder: Ladder = load_ladder(settings.ladder)  # checks every artefact's sha256
         self.threads = settings.threads or self.ladder.threads  # as the profiles were measured, by default
         self.ladder_json = self.ladder.model_dump_json().encode()  # GET /v1/ladder, serialized once
+        # The ladder's version: its manifest's hash, in every answer (which build answered, across a fleet).
+        self.ladder_version = hashlib.sha256((Path(settings.ladder) / MANIFEST_NAME).read_bytes()).hexdigest()[:12]
+        key = settings.api_key.get_secret_value() if settings.api_key else None
+        self.api_key = ApiKey(key, settings.api_key_metrics)
         self.spec = PreprocessSpec.from_dict(self.ladder.preprocess)
         self.records: dict[str, EngineRecord] = {
             r.name: r for r in [*self.ladder.stages, *self.ladder.rungs, *self.ladder.ensembles]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.planner import OnInfeasible, Policy
 
 MAX_BATCH_IMAGES = 256
+BLACK_28X28_PNG = "iVBORw0KGgoAAAANSUhEUgAAABwAAAAcCAAAAABXZoBIAAAAEElEQVR42mNgGAWjYBQQAwADLAAB1wvpfAAAAABJRU5ErkJggg=="
 
 
 class ClassifyOptions(BaseModel):
@@ -22,10 +23,20 @@ class ClassifyOptions(BaseModel):
 
 
 class ClassifyRequest(ClassifyOptions):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"image": BLACK_28X28_PNG, "deadline_ms": 50}]},
+    )
+
     image: str | list[Any] = Field(..., description="base64 PNG/JPEG, or a nested array of grey values 0..255")
 
 
 class BatchRequest(ClassifyOptions):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"images": [BLACK_28X28_PNG, BLACK_28X28_PNG], "deadline_ms": 50}]},
+    )
+
     images: list[str | list[Any]] = Field(..., min_length=1, max_length=MAX_BATCH_IMAGES)
 
 
@@ -36,7 +47,7 @@ class TopK(BaseModel):
 
 
 class ClassifyResponse(BaseModel):
-    request_id: str
+    request_id: str = Field(..., description="X-Request-ID if the client sent a sane one, else made here")
     label: int
     class_name: str
     top_k: list[TopK]
@@ -56,6 +67,7 @@ class ClassifyResponse(BaseModel):
     deadline_ms: float
     deadline_met: bool
     resized: bool
+    ladder_version: str = Field(..., description="the first 12 hex digits of the ladder manifest's sha256")
 
 
 class BatchResponse(BaseModel):
@@ -69,3 +81,13 @@ class ErrorBody(BaseModel):
 
     code: str
     message: str
+
+
+class HealthBody(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyBody(BaseModel):
+    status: Literal["ready"]
+    engines: int = Field(..., description="engines loaded and warmed")
+    ladder_version: str = Field(..., description="the first 12 hex digits of the ladder manifest's sha256")

@@ -296,6 +296,20 @@ def test_a_body_that_misses_its_deadline_gets_504_at_the_deadline(server: str) -
     assert status == 504 and body["code"] == "deadline_expired" and time.monotonic() - start < 0.45
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_64_mib_upload_over_a_real_socket_reads_the_413(server: str, framing: str) -> None:
+    """The client is still uploading when the server refuses: it must read the 413, not a reset."""
+    body = b"x" * (64 << 20)
+    headers = {"content-type": "application/json"}
+    content: bytes | Iterator[bytes] = body
+    if framing == "chunked":  # no length up front: the limit is found only while reading
+        content = (body[i : i + (1 << 20)] for i in range(0, len(body), 1 << 20))
+    with httpx.Client(base_url=server, timeout=30) as c:
+        r = c.post("/v1/classify?deadline_ms=1000", content=content, headers=headers)
+        assert r.status_code == 413 and r.json()["code"] == "payload_too_large", r.text
+        assert c.get("/healthz").status_code == 200  # and the server is well
+
+
 def _metric(client: httpx.Client, name: str, **labels: str) -> float:
     for family in text_string_to_metric_families(client.get("/metrics").text):
         for sample in family.samples:

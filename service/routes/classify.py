@@ -14,10 +14,8 @@ alone. FastAPI still documents them in OpenAPI (service/routes/docs.py).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 import time
-import uuid
 from typing import Any
 
 import numpy as np
@@ -68,6 +66,7 @@ class ClassifyApp:
             return
         status, body, headers = answer
         head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+        head.append((b"x-request-id", scope["state"]["request_id"].encode()))
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body})
 
@@ -76,14 +75,6 @@ routes = [
     Route("/v1/classify", ClassifyApp(batch=False), methods=["POST"]),
     Route("/v1/classify/batch", ClassifyApp(batch=True), methods=["POST"]),
 ]
-
-
-_ids = itertools.count()
-_PREFIX = uuid.uuid4().hex[:8]  # one per process: ids stay unique across restarts and replicas
-
-
-def _request_id() -> str:
-    return f"{_PREFIX}{next(_ids):08x}"
 
 
 class _Waiter:
@@ -134,7 +125,7 @@ async def _handle(scope: Scope, receive: Receive, batch: bool) -> Answer:
         inputs = await _decode(runtime, items, len(body))
         clock.lap("decode")
         waiter = _Waiter(asyncio.get_running_loop(), len(inputs))
-        jobs = _submit(runtime, inputs, options, plan, clock, waiter)
+        jobs = _submit(runtime, inputs, options, plan, clock, waiter, scope["state"]["request_id"], batch)
     except ApiError as e:
         _count(runtime, options, e.code)
         return _error(e, clock)
@@ -195,7 +186,10 @@ def _submit(
     plan: Plan,
     clock: Clock,
     waiter: _Waiter,
+    request_id: str,
+    batch: bool,
 ) -> list[Job]:
+    """Queue one job per image: the request's id names it (a batch's images: the id, a dot and the index)."""
     deadline = clock.arrival + options.deadline_ms / 1e3
     best_effort = options.on_infeasible is OnInfeasible.BEST_EFFORT
     jobs: list[Job] = []
@@ -203,7 +197,8 @@ def _submit(
         for i, (x, _) in enumerate(inputs):
             if i:  # each further image of a batch is planned with the ones before it in the queue
                 plan = plan_for(runtime, options, clock.arrival)
-            job = Job(_request_id(), clock.arrival, deadline, x, plan, waiter.job_done, best_effort)
+            job_id = f"{request_id}.{i}" if batch else request_id
+            job = Job(job_id, clock.arrival, deadline, x, plan, waiter.job_done, best_effort)
             runtime.scheduler.submit(job, inline=len(inputs) == 1)
             jobs.append(job)
     except ApiError:
@@ -303,6 +298,7 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
         "deadline_ms": options.deadline_ms,
         "deadline_met": met,
         "resized": resized,
+        "ladder_version": runtime.ladder_version,
     }
 
 
