@@ -21,6 +21,8 @@ COPY models models
 COPY engines engines
 COPY calibration calibration
 COPY loadtest loadtest
+COPY bench bench
+COPY cli cli
 RUN pip install --no-cache-dir . \
     && anytime build models/checkpoints/resnet_exits_fmnist.pt --out /app/ladders/default \
     && chown -R anytime:anytime /app

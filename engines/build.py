@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,8 @@ from typing import Any
 import torch
 
 from calibration.quantize import CalibrationMethod
-from engines.base import ArtifactError, Backend, BackendUnavailable, Precision
-from engines.manifest import CutSearch, EngineRecord, Ladder, ManifestError, Rung
+from engines.base import Backend, Precision
+from engines.manifest import CutSearch, EngineRecord, Ladder, Rung
 from engines.steps.cache import StepCache
 from engines.steps.calibrate import CalibrationConfig, choose_method, quantize_graphs
 from engines.steps.cascades import CascadeConfig, build_cascade
@@ -53,8 +51,7 @@ from engines.steps.probe import RULE, ProbeConfig, built_precisions, run_probe
 from engines.steps.report import ladder_table, summary
 from engines.steps.rungs import make_rung
 from engines.steps.stacker import stacker_versions
-from models.checkpoint import DEFAULT_CHECKPOINT, CheckpointError
-from models.data import DataError
+from models.checkpoint import DEFAULT_CHECKPOINT
 
 # The ensemble members built beside the main checkpoint by default (committed; README says how they were trained).
 DEFAULT_MEMBERS = (
@@ -353,38 +350,6 @@ def run_build(args: argparse.Namespace) -> Ladder:
     return ladder
 
 
-EXPECTED_ERRORS = (
-    BuildError,
-    CheckpointError,
-    DataError,
-    ArtifactError,
-    BackendUnavailable,
-    ManifestError,
-    FileNotFoundError,
-    ValueError,
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m engines.build",
-        description="Build a ladder: export every stage, exit, residual cut and member to ONNX, calibrate INT8, "
-        "probe which other precisions pay here, measure accuracy and latency, fit cascade thresholds and "
-        "ensembles, and write ladder.json. A re-run redoes only what changed.",
-    )
-    add_build_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        run_build(args)
-    except EXPECTED_ERRORS as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return 130
-    return 0
-
-
 __all__ = [
     "DEFAULT_MEMBERS",
     "BuildConfig",
@@ -392,9 +357,5 @@ __all__ = [
     "add_build_arguments",
     "build_ladder",
     "ladder_table",
-    "main",
     "run_build",
 ]
-
-if __name__ == "__main__":
-    sys.exit(main())

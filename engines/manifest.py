@@ -149,6 +149,40 @@ class Cascade(_Model):
     val_accuracy: float
     test_accuracy: float
     test_last_exit_accuracy: float
+    # val accuracy when the cascade may run at most j stages (j = 1..k): what a shorter deadline still buys.
+    # Empty in ladders built before it was recorded; planners then count only the whole cascade.
+    val_accuracy_by_depth: list[float] = Field(default_factory=list)
+
+
+class MemberCascade(_Model):
+    """A heterogeneous cascade: member rungs of different families run one after another.
+
+    After member j the outputs so far are combined (member 1 alone; members 1..j by `combiners[j-2]`: the
+    mean of their probabilities, or a logistic-regression stacker over them, `stackers[j-2]`) and the cascade
+    stops when the combined answer's highest probability reaches `thresholds[j-1]`, or when the next member
+    no longer fits the deadline: the answer is then the combination so far. Orders, combiners and
+    thresholds are chosen on val; costs are measured end to end (members, combiners and gate) over the test
+    split at batch 1.
+    """
+
+    kind: Literal["member_cascade"] = "member_cascade"
+    name: str
+    members: list[str]  # rung names, in the order they run
+    combiners: list[Literal["soft_vote", "logistic_regression"]]  # one per prefix of 2.. members
+    stackers: list[Artifact | None]  # the ONNX stacker of a logistic_regression combiner, None for soft_vote
+    gate: Literal["max_probability"] = "max_probability"
+    thresholds: list[float]  # after member j < k: stop when the combined answer's top probability >= this
+    accuracy_bound_pp: float  # val accuracy lost against running every member, at most
+    fit_split: str
+    fit_fingerprint: str
+    val_accuracy: float
+    test_accuracy: float
+    val_accuracy_by_depth: list[float]  # at most j members (j = 1..k)
+    test_exit_share: list[float]  # share of test images answered after member j
+    test_mean_ms: float  # measured: members, stackers and gate, batch 1, over the test split
+    test_p99_ms: float
+    dominated: bool = False
+    dominated_by: str | None = None
 
 
 class Calibration(_Model):
@@ -188,6 +222,7 @@ class Ladder(_Model):
     rungs: list[Rung]
     ensembles: list[Ensemble] = Field(default_factory=list)
     ensemble_search: list[EnsembleTried] = Field(default_factory=list)
+    member_cascades: list[MemberCascade] = Field(default_factory=list)
     tensorrt_sources: list[Artifact] = Field(default_factory=list)  # symmetric QDQ ONNX for TensorRT plans
     build_seconds: float = 0.0
     probe: Probe | None = None

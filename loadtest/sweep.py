@@ -1,5 +1,11 @@
-"""The sweep: deadlines x policies x Poisson rates against a server it starts itself, the oracle bound, and
-an MLPerf-Server-style capacity search; writes a report folder (report.md, PNG plots, JSON, records).
+"""The sweep: deadlines x policies x Poisson rates against a server it starts itself, repeated to show the
+noise, with two hindsight references and an MLPerf-Server-style capacity search; writes a report folder
+(report.md, PNG plots, JSON, records).
+
+Policies: `auto` (the server's default), `static`, `cascade`, every served option as `fixed` (`front`), and
+the plain baseline server. The references, computed afterwards: the best fixed plan in hindsight (per cell,
+the one `fixed:` column that scored best there) and the union bound (offline: an image counts if any served
+plan whose measured batch-1 p99 fits the deadline classifies it correctly; an upper bound no policy reaches).
 """
 
 from __future__ import annotations
@@ -9,51 +15,60 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from engines.ensemble import soft_vote
 from engines.factory import open_record
-from engines.manifest import Ensemble, Ladder, Rung, load_ladder
+from engines.manifest import Ensemble, Ladder, MemberCascade, Rung, load_ladder
 from engines.steps import measure as profile
 from loadtest.baseline import baseline_rung, running_baseline
 from loadtest.client import LoadConfig, run_load
 from loadtest.harness import running_server
+from loadtest.report import write_report
+from loadtest.results import (
+    BISECTIONS,
+    CAPACITY_ATTAINMENT,
+    EXPAND_STEPS,
+    OTHER_POLICIES,
+    POLICY_NAMES,
+    Capacity,
+    Cell,
+    OracleRow,
+    PolicySpec,
+    SweepConfig,
+    SweepResult,
+)
 from loadtest.schedule import DeadlineMix, image_order
 from loadtest.summary import METHOD, Record, summarize, write_records
 from models.data import PreprocessSpec, Split
 
-POLICY_NAMES = ("cascade", "static", "fixed-fast", "fixed-best", "baseline")
-CAPACITY_ATTAINMENT = 0.99
-EXPAND_STEPS, BISECTIONS = 6, 3  # the capacity search's bound: at most 9 short runs per policy
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """One column of the sweep: what the load generator sends, and to which server."""
-
-    label: str  # cascade, static, fixed-fast, fixed-best, baseline
-    policy: str  # the request's `policy` field (the baseline ignores it)
-    rung: str | None = None
-    baseline: bool = False
-
-    def __str__(self) -> str:
-        return f"{self.label} ({self.rung})" if self.rung else self.label
+KEEP_UP_DEADLINE_MS, KEEP_UP_SHARE = 100.0, 0.95  # capacity: >= 95 % answered 200 within 100 ms at the client
 
 
 def _candidates(ladder: Ladder) -> list[Rung | Ensemble]:
     return [r for r in [*ladder.rungs, *ladder.ensembles] if not r.dominated]
 
 
+def served_plans(ladder: Ladder) -> list[str]:
+    """Every option the server serves by default: rungs and ensembles no other dominates, and the cascades."""
+    members = [c.name for c in ladder.member_cascades if not c.dominated]
+    return [r.name for r in _candidates(ladder)] + [c.name for c in ladder.cascades] + members
+
+
 def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
-    """fixed-fast: the non-dominated rung with the lowest p99 at batch 1; fixed-best: the highest val accuracy."""
+    """auto, static, cascade; front: a fixed column per served option; fixed-fast: the non-dominated rung with
+    the lowest p99 at batch 1; fixed-best: the highest val accuracy; baseline: loadtest/baseline.py."""
     specs = []
     for name in names:
-        if name in ("cascade", "static"):
+        if name in ("auto", "cascade", "static"):
             specs.append(PolicySpec(name, name))
+        elif name == "front":
+            specs += [PolicySpec(f"fixed:{plan}", "fixed", plan) for plan in served_plans(ladder)]
         elif name == "fixed-fast":
             rung = min(_candidates(ladder), key=lambda r: r.profile(1).p99_ms)
             specs.append(PolicySpec(name, "fixed", rung.name))
@@ -63,111 +78,83 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
         elif name == "baseline":
             specs.append(PolicySpec(name, "baseline", baseline_rung(ladder.model_dump(mode="json")), baseline=True))
         else:
-            raise ValueError(f"unknown sweep policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+            raise ValueError(f"unknown sweep policy {name!r}; choose from {', '.join(POLICY_NAMES + OTHER_POLICIES)}")
     return specs
-
-
-@dataclass
-class SweepConfig:
-    ladder: Path
-    out: Path
-    deadlines_ms: tuple[float, ...] = (3.0, 5.0, 10.0, 20.0)
-    rates: tuple[float, ...] = (50.0, 200.0)
-    policies: tuple[str, ...] = POLICY_NAMES
-    requests: int = 200  # per cell (and per capacity trial) ...
-    duration_s: float = 5.0  # ... or this long, whichever comes first
-    on_infeasible: str = "reject"
-    timeout_s: float = 10.0
-    seed: int = 0
-    capacity: bool = False
-    capacity_deadline_ms: float = 10.0
-    capacity_start: float = 25.0
-    progress: bool = True
-
-
-@dataclass
-class Cell:
-    spec: PolicySpec
-    rate: float
-    deadline_ms: float
-    records: list[Record]
-    metrics: dict[str, Any]
-
-
-@dataclass
-class OracleRow:
-    deadline_ms: float
-    images: int
-    fitting: list[str]  # non-dominated rungs whose measured p99 at batch 1 fits the deadline
-    oracle: float  # share of images that at least one fitting rung classifies correctly
-    best_rung: str | None  # the most accurate fitting rung by val accuracy ...
-    best_rung_accuracy: float  # ... and its accuracy on the same images
-
-
-@dataclass
-class Capacity:
-    label: str
-    deadline_ms: float
-    rate: float | None  # highest rate that passed
-    fails_at: float | None  # lowest rate that failed above it
-    trials: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class SweepResult:
-    config: SweepConfig
-    ladder: Ladder
-    specs: list[PolicySpec]
-    machine: dict[str, Any]
-    started: str
-    wall_s: float
-    cells: list[Cell]
-    oracle: list[OracleRow]
-    capacity: list[Capacity]
 
 
 def machine_info(ladder: Ladder) -> dict[str, Any]:
     return {**profile.machine_info(), "ladder_built_on": ladder.machine}
 
 
-def rung_correct(ladder_dir: Path, ladder: Ladder, split: Split, images: np.ndarray) -> dict[str, np.ndarray]:
-    """Offline: whether each non-dominated rung classifies each of `images` correctly (one engine load each)."""
+# -- the union bound (offline) --------------------------------------------------------------------------------
+def plan_answers(
+    ladder_dir: Path, ladder: Ladder, split: Split, images: np.ndarray
+) -> list[tuple[str, float, float, np.ndarray]]:
+    """Offline answers of every served plan on `images`: (plan, batch-1 p99 ms, val accuracy, correct).
+
+    Rungs and ensembles as they are; a member cascade once per depth (its first j members combined, at the
+    summed p99 of those members). Stage cascades are left out: their exits are the exit rungs of the same
+    network (in the bound through those rungs where they are served).
+    """
     spec = PreprocessSpec.from_dict(ladder.preprocess)
     x, y = spec.normalize(split.images[images]), split.labels[images]
-    out = {}
-    for rung in _candidates(ladder):
-        engine = open_record(ladder_dir, ladder, rung, ladder.threads)
-        try:
-            logits = np.concatenate([engine.infer(x[i : i + 250]) for i in range(0, len(x), 250)])
-        finally:
-            engine.close()
-        out[rung.name] = logits.argmax(1) == y
+    rungs = {r.name: r for r in ladder.rungs}
+    logits: dict[str, np.ndarray] = {}
+
+    def run(name: str) -> np.ndarray:
+        if name not in logits:
+            record = rungs.get(name) or ladder.ensemble(name)
+            engine = open_record(ladder_dir, ladder, record, ladder.threads)
+            try:
+                logits[name] = np.concatenate([engine.infer(x[i : i + 250]) for i in range(0, len(x), 250)])
+            finally:
+                engine.close()
+        return logits[name]
+
+    out = [(r.name, r.profile(1).p99_ms, r.val_accuracy, run(r.name).argmax(1) == y) for r in _candidates(ladder)]
+    for cascade in (c for c in ladder.member_cascades if not c.dominated):
+        out += _member_depths(cascade, rungs, run, y)
     return out
 
 
-def oracle_bound(ladder: Ladder, correct: dict[str, np.ndarray], deadlines_ms: tuple[float, ...]) -> list[OracleRow]:
-    """Per deadline: the share of images some rung fitting it (measured p99 at batch 1 <= deadline) gets right."""
+def _member_depths(
+    cascade: MemberCascade, rungs: dict[str, Rung], run: Callable[[str], np.ndarray], y: np.ndarray
+) -> list[tuple[str, float, float, np.ndarray]]:
+    """A member cascade's combined answer after each depth (soft vote: its stackers are not re-run here)."""
+    out, p99 = [], 0.0
+    for j, member in enumerate(cascade.members, start=1):
+        p99 += rungs[member].profile(1).p99_ms
+        answer = soft_vote([run(m) for m in cascade.members[:j]])
+        out.append((f"{cascade.name}@{j}", p99, cascade.val_accuracy_by_depth[j - 1], answer.argmax(1) == y))
+    return out
+
+
+def oracle_bound(
+    answers: list[tuple[str, float, float, np.ndarray]], deadlines_ms: tuple[float, ...]
+) -> list[OracleRow]:
+    """Per deadline: the share of images some served plan fitting it (batch-1 p99 <= deadline) gets right."""
     rows = []
-    n = len(next(iter(correct.values())))
+    n = len(answers[0][3])
     for d in deadlines_ms:
-        fitting = [r for r in _candidates(ladder) if r.profile(1).p99_ms <= d]
+        fitting = [a for a in answers if a[1] <= d]
         hits = np.zeros(n, bool)
-        for r in fitting:
-            hits |= correct[r.name]
-        best = max(fitting, key=lambda r: r.val_accuracy, default=None)
+        for a in fitting:
+            hits |= a[3]
+        best = max(fitting, key=lambda a: a[2], default=None)
         rows.append(
             OracleRow(
                 d,
                 n,
-                [r.name for r in fitting],
+                [a[0] for a in fitting],
                 float(hits.mean()),
-                best.name if best else None,
-                float(correct[best.name].mean()) if best else 0.0,
+                best[0] if best else None,
+                float(best[3].mean()) if best else 0.0,
             )
         )
     return rows
 
 
+# -- capacity -------------------------------------------------------------------------------------------------
 def find_capacity(
     passes: Callable[[float], bool], start: float, expand_steps: int = EXPAND_STEPS, bisections: int = BISECTIONS
 ) -> tuple[float | None, float | None]:
@@ -214,7 +201,7 @@ class _Runner:
         self.config, self.split, self.urls = config, split, urls
 
     def run(
-        self, spec: PolicySpec, rate: float, deadline_ms: float, duration_s: float | None = None
+        self, spec: PolicySpec, rate: float, deadline_ms: float, duration_s: float | None = None, repeat: int = 0
     ) -> tuple[list[Record], dict[str, Any]]:
         c = self.config
         load = LoadConfig(
@@ -227,10 +214,32 @@ class _Runner:
             rung=spec.rung if spec.policy == "fixed" else None,
             on_infeasible=c.on_infeasible,
             timeout_s=c.timeout_s,
-            seed=c.seed,
+            seed=c.seed + repeat,
         )
         records = run_load(load, self.split, progress=False)
         return records, summarize(records)
+
+
+def keep_up_capacity(runner: _Runner, spec: PolicySpec, start: float) -> Capacity:
+    """The highest rate whose answers keep up: >= 95 % answered 200 within a loose 100 ms at the client."""
+    result = Capacity(spec.label, KEEP_UP_DEADLINE_MS, None, None)
+
+    def passes(rate: float) -> bool:
+        _, metrics = runner.run(spec, rate, KEEP_UP_DEADLINE_MS)
+        ok = (metrics["attainment_client"] or 0.0) >= KEEP_UP_SHARE
+        result.trials.append(
+            {
+                "rate": rate,
+                "passed": ok,
+                "sent": metrics["sent"],
+                "server_p99_ms": metrics["server_latency_ms"]["p99"],
+                "attainment": metrics["attainment_client"],
+            }
+        )
+        return ok
+
+    result.rate, result.fails_at = find_capacity(passes, start)
+    return result
 
 
 @contextmanager
@@ -243,30 +252,47 @@ def _servers(ladder_dir: Path, baseline: bool) -> Iterator[dict[bool, str]]:
 
 
 def _cell_name(cell: Cell) -> str:
-    return f"rate{cell.rate:g}_d{cell.deadline_ms:g}_{cell.spec.label}"
+    return f"rate{cell.rate:g}_d{cell.deadline_ms:g}_{cell.spec.label.replace(':', '-')}_r{cell.repeat}"
 
 
 def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
-    """Oracle first (offline, before any server runs), then every cell, then the capacity search."""
+    """The union bound first (offline, before any server runs), then the rates, every cell, the capacities."""
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     ladder = load_ladder(config.ladder)
     specs = policy_specs(ladder, config.policies)
     images = image_order(len(split), config.seed)[: min(config.requests, len(split))]
-    oracle = oracle_bound(ladder, rung_correct(config.ladder, ladder, split, images), config.deadlines_ms)
+    oracle = oracle_bound(plan_answers(config.ladder, ladder, split, images), config.deadlines_ms)
     cells: list[Cell] = []
     capacity: list[Capacity] = []
-    grid = [(r, d, s) for r in config.rates for d in config.deadlines_ms for s in specs]
+    load_capacity = None
     with _servers(config.ladder, any(s.baseline for s in specs)) as urls:
         runner = _Runner(config, split, urls)
-        for rate, deadline, spec in tqdm(grid, desc="sweep", unit="cell", disable=not config.progress):
-            records, metrics = runner.run(spec, rate, deadline)
-            cells.append(Cell(spec, rate, deadline, records, metrics))
+        rates = config.rates
+        if not rates:
+            load_capacity = keep_up_capacity(runner, PolicySpec("auto", "auto"), config.capacity_start)
+            if load_capacity.rate is None:
+                raise RuntimeError(f"no rate kept up, down to {config.capacity_start / 2**EXPAND_STEPS:g} req/s")
+            rates = tuple(round(load_capacity.rate * p / 100, 1) for p in config.load)
+        grid = [(r, d, s, k) for k in range(config.repeats) for r in rates for d in config.deadlines_ms for s in specs]
+        for rate, deadline, spec, k in tqdm(grid, desc="sweep", unit="cell", disable=not config.progress):
+            records, metrics = runner.run(spec, rate, deadline, repeat=k)
+            cells.append(Cell(spec, rate, deadline, records, metrics, k))
         if config.capacity:
             for spec in tqdm(specs, desc="capacity", unit="policy", disable=not config.progress):
                 capacity.append(_search_capacity(runner, spec, config))
+    config.rates = rates
     return SweepResult(
-        config, ladder, specs, machine_info(ladder), started, time.perf_counter() - t0, cells, oracle, capacity
+        config,
+        ladder,
+        specs,
+        machine_info(ladder),
+        started,
+        time.perf_counter() - t0,
+        cells,
+        oracle,
+        capacity,
+        load_capacity,
     )
 
 
@@ -297,8 +323,6 @@ def _search_capacity(runner: _Runner, spec: PolicySpec, config: SweepConfig) -> 
 
 def save_sweep(result: SweepResult) -> Path:
     """sweep.json, per-cell records, report.md and the plots under config.out; returns report.md's path."""
-    from loadtest.report import write_report
-
     out = result.config.out
     (out / "records").mkdir(parents=True, exist_ok=True)
     for cell in result.cells:
@@ -311,6 +335,7 @@ def save_sweep(result: SweepResult) -> Path:
         "policies": [asdict(s) for s in result.specs],
         "oracle": [asdict(o) for o in result.oracle],
         "capacity": [asdict(c) for c in result.capacity],
+        "load_capacity": asdict(result.load_capacity) if result.load_capacity else None,
         "method": METHOD,
         "cells": [
             {
@@ -318,6 +343,7 @@ def save_sweep(result: SweepResult) -> Path:
                 "rung": c.spec.rung,
                 "rate": c.rate,
                 "deadline_ms": c.deadline_ms,
+                "repeat": c.repeat,
                 **{k: v for k, v in c.metrics.items() if k != "method"},
             }
             for c in result.cells

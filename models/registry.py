@@ -24,6 +24,10 @@ class SingleExit(nn.Module):
         return [self(x)]
 
 
+class UnknownModel(KeyError):
+    """No family or variant is registered under the name."""
+
+
 def register_model(name: str) -> Callable[[Builder], Builder]:
     """Register a builder under `name` (a family, or `family.variant` with preset options)."""
 
@@ -47,10 +51,10 @@ def list_models() -> list[str]:
 
 
 def create_model(name: str, **config: Any) -> nn.Module:
-    """Build a registered model; unknown names raise a KeyError listing the known ones."""
+    """Build a registered model; unknown names raise UnknownModel (a KeyError) listing the known ones."""
     _load_families()
     try:
         builder = _REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(list_models())}") from None
+        raise UnknownModel(f"unknown model {name!r}; known: {', '.join(list_models())}") from None
     return builder(**config)

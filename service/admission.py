@@ -1,6 +1,6 @@
 """Admission: everything that can be refused from the request line and headers alone, before the body is read.
 
-Readiness, shutdown, queue room and the options of a binary body (all in the query string and headers)
+The API key, readiness, shutdown, queue room and the options of a binary body (all in the query string and headers)
 with their plan. Under service/server.py this runs in the HTTP parser, so a refusal is written at once,
 without a task and without waiting behind the event loop's queue; elsewhere the route runs it first thing.
 """
@@ -40,6 +40,8 @@ def plan_for(runtime: Runtime, options: ClassifyOptions, arrival: float) -> Plan
 
 def admit(runtime: Runtime, scope: Mapping[str, Any], batch: bool, arrival: float) -> Admitted:
     """Refuse (raise an ApiError) what cannot be served, using only `scope`'s headers and query string."""
+    if runtime.api_key.enabled:  # first: an unauthorised client learns nothing of the server's state
+        runtime.api_key.check(scope["headers"])
     if not runtime.ready.is_set():
         raise NotReady("the ladder is still loading", headers={"Retry-After": "1"})
     head = read_head(scope, batch)

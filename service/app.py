@@ -6,31 +6,40 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.admission import BATCH, CLASSIFY
 from service.config import Settings
 from service.errors import ApiError, PayloadTooLarge, TooManyConnections, install_error_handlers
+from service.logs import REQUEST_ID, request_id
 from service.metrics import Metrics
 from service.routes import classify, health, ladder
 from service.routes.docs import openapi
 from service.runtime import Runtime
 
 log = logging.getLogger("anytime")
+access = logging.getLogger("anytime.access")
+CLASSIFY_PATHS = (CLASSIFY, BATCH)
 
 
-class StampAndLimit:
-    """ASGI middleware: stamps arrival, refuses over-limit connections and oversized bodies before reading.
+class FrontDoor:
+    """ASGI middleware: stamps arrival, names the request, checks the API key, refuses over-limit connections
+    and oversized bodies before reading, and writes the access log line when asked.
 
     Arrival is when the HTTP parser began the request (service/server.py stamps it), or app entry under a
     server that does not; from there to app entry is the event loop's backlog. Bodies without a
     Content-Length (chunked) are held to the size limit while they are read (service/requests.py).
+    The request id (X-Request-ID, or a new one) goes back in the X-Request-ID header of every answer:
+    the classify routes add it themselves; for the others this wraps `send`.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
-        self.app, self.limit = app, max_body_bytes
+    def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
+        self.app, self.runtime, self.limit = app, runtime, runtime.settings.max_body_bytes
+        self.access_log = runtime.settings.access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,25 +48,61 @@ class StampAndLimit:
         state = scope.setdefault("state", {})
         state["entered"] = now = time.monotonic()
         state["arrival"] = state.get("received", now)
+        state["request_id"] = rid = state.get("request_id") or request_id(scope["headers"])
+        REQUEST_ID.set(rid)
         if "loop_lag" in state:  # service/server.py's LoopLag: how long this one waited for the loop
             state["loop_lag"].entered(state["arrival"], now)
             state["metrics"].loop_lag.observe((now - state["arrival"]) * 1e3)
+        error = self._refusal(scope, state)
+        if error is not None:
+            await send_error(self._wrap(scope, send, rid, tag=True), error)
+            return
+        tag = scope["path"] not in CLASSIFY_PATHS
+        await self.app(scope, receive, self._wrap(scope, send, rid, tag) if tag or self.access_log else send)
+
+    def _refusal(self, scope: Scope, state: dict[str, Any]) -> ApiError | None:
         if "over_connection_limit" in state:  # set by service/server.py's protocol
-            open_now = state["over_connection_limit"]
-            error: ApiError = TooManyConnections(
-                f"{open_now} connections are open, over the limit; retry later",
+            return TooManyConnections(
+                f"{state['over_connection_limit']} connections are open, over the limit; retry later",
                 headers={"Retry-After": "1", "Connection": "close"},
             )
-            await send_error(send, error)
-            return
+        if self.runtime.api_key.protects(scope["path"]):
+            try:
+                self.runtime.api_key.check(scope["headers"])
+            except ApiError as e:
+                return e
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if value.isdigit() and int(value) > self.limit:
-                    error = PayloadTooLarge(f"body of {int(value)} bytes is over the limit of {self.limit}")
-                    await send_error(send, error)
-                    return
+                    return PayloadTooLarge(f"body of {int(value)} bytes is over the limit of {self.limit}")
                 break
-        await self.app(scope, receive, send)
+        return None
+
+    def _wrap(self, scope: Scope, send: Send, rid: str, tag: bool) -> Send:
+        """`send` that adds X-Request-ID (with `tag`), and logs the access line when asked."""
+        header = (b"x-request-id", rid.encode())
+        start = scope["state"]["arrival"]
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                if tag:
+                    message = {**message, "headers": [*message.get("headers", []), header]}
+                if self.access_log:
+                    access.info(
+                        "%s %s %d",
+                        scope["method"],
+                        scope["path"],
+                        message["status"],
+                        extra={
+                            "method": scope["method"],
+                            "path": scope["path"],
+                            "status": message["status"],
+                            "duration_ms": round((time.monotonic() - start) * 1e3, 3),
+                        },
+                    )
+            await send(message)
+
+        return wrapped
 
 
 async def send_error(send: Send, error: ApiError) -> None:
@@ -96,5 +141,5 @@ def create_app(settings: Settings | None = None, load_in_background: bool = True
     for module in (health, ladder):
         app.include_router(module.router)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
-    app.add_middleware(StampAndLimit, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(FrontDoor, runtime=runtime)
     return app

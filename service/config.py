@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.logs import LogFormat
 
 
 class Settings(BaseSettings):
@@ -34,6 +36,10 @@ class Settings(BaseSettings):
         2.0, gt=0, description="while the event loop is this far behind, new classify requests are refused 503"
     )
     access_log: bool = Field(False, description="one log line per request (off: it costs more than a fast rung)")
+    log_format: LogFormat = Field("text", description="text lines, or one JSON object a line")
+    # Security (service/auth.py): without a key every route is open, as on a trusted network.
+    api_key: SecretStr | None = Field(None, description="if set, /v1 routes need `Authorization: Bearer <key>`")
+    api_key_metrics: bool = Field(False, description="with api_key: /metrics needs the key too")
 
     @field_validator("ladder")
     @classmethod

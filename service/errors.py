@@ -29,6 +29,10 @@ class BadImage(ApiError):
     status, code = 400, "bad_image"
 
 
+class Unauthorized(ApiError):
+    status, code = 401, "unauthorized"
+
+
 class UnsupportedMediaType(ApiError):
     status, code = 415, "unsupported_media_type"
 
@@ -67,6 +71,10 @@ class BodyTimeout(ApiError):
 
 class ShuttingDown(ApiError):
     status, code = 503, "shutting_down"
+
+
+class OutOfService(ApiError):
+    status, code = 503, "out_of_service"
 
 
 class Overloaded(ApiError):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from models.data import PreprocessSpec
+from models.preprocess import PreprocessSpec
 from service.errors import BadImage
 
 MAX_PIXELS = 4096 * 4096  # refuse decompression bombs before decoding them

@@ -52,6 +52,12 @@ class Metrics:
             ["where"],
             registry=r,
         )
+        self.engine_failures = Counter(
+            "anytime_engine_failures_total",
+            "Engine runs that raised; the engine leaves service",
+            ["engine"],
+            registry=r,
+        )
         self.phases = PhaseHistograms(r)
 
     def observe_batch(self, engine: str, size: int, error_ms: float) -> None:

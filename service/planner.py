@@ -1,16 +1,35 @@
-"""Plans: which engines a request runs, chosen from measured latency, the live queue and the time left."""
+"""Plans: which engines a request runs, chosen from measured latency, the live queue and the time left.
+
+Every way the ladder can answer is an *option*: a rung or an ensemble (one step), a stage cascade (the
+stages of one network, each passing its features on), or a member cascade (rungs of different families,
+each adding its answer to a stacker's combination). A multi-step option stops after step j when its answer
+is confident enough, or when its next step no longer fits; so its value under a deadline is the accuracy
+it reaches within the steps that fit (`accuracy_by_depth`, measured on val by the builder).
+
+Policies: `auto` (the default) takes, per request, the option with the highest accuracy within the time
+left; `static` the most accurate single rung that fits whole; `cascade` the most accurate stage cascade;
+`fixed` the option the request names. The others stay for baselines.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import accumulate
 
-from engines.manifest import Cascade, Ensemble, Ladder, Rung
-from service.errors import DeadlineInfeasible, UnknownRung
+import numpy as np
+
+from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung
+from service.errors import DeadlineInfeasible, OutOfService, UnknownRung
 from service.predictor import LatencyPredictor
+
+# Combines the logits of the members run so far into the answer's logits (a member cascade's stacker).
+Combiner = Callable[[Sequence[np.ndarray]], np.ndarray]
 
 
 class Policy(StrEnum):
+    AUTO = "auto"
     CASCADE = "cascade"
     STATIC = "static"
     FIXED = "fixed"
@@ -21,13 +40,62 @@ class OnInfeasible(StrEnum):
     BEST_EFFORT = "best_effort"
 
 
+class PlanKind(StrEnum):
+    RUNG = "rung"  # one engine: a rung or an ensemble
+    STAGES = "stages"  # a stage cascade: step k runs on step k-1's features; gate: entropy <= threshold
+    MEMBERS = "members"  # a member cascade: every step runs on the image; gate: top probability >= threshold
+
+
 @dataclass
 class Plan:
     policy: Policy
-    name: str  # the rung or cascade that answers
-    engines: list[str]  # engine names, run in order (one for a rung, the stages for a cascade)
-    thresholds: list[float] = field(default_factory=list)  # cascade: stop after stage k if entropy <= t_k
+    name: str  # the option that answers
+    engines: list[str]  # engine names, run in order (one for a rung)
+    thresholds: list[float] = field(default_factory=list)  # after step j < k: stop when the gate passes
     feasible: bool = True  # False: best-effort run of the fastest plan, the deadline cannot be met
+    kind: PlanKind = PlanKind.RUNG
+    members: list[str] = field(default_factory=list)  # a member cascade's rungs (its engines), an ensemble's
+
+
+@dataclass
+class Option:
+    """One way to answer, as the planner weighs it."""
+
+    name: str
+    kind: PlanKind
+    engines: list[str]
+    accuracy_by_depth: list[float]  # val accuracy when at most j steps run (j = 1..len(engines))
+    thresholds: list[float] = field(default_factory=list)
+    members: list[str] = field(default_factory=list)
+    served: bool = True  # not dominated (or dominated ones are served too)
+
+    def plan(self, policy: Policy) -> Plan:
+        return Plan(policy, self.name, list(self.engines), list(self.thresholds), True, self.kind, list(self.members))
+
+
+def _rung_option(r: Rung | Ensemble, include_dominated: bool) -> Option:
+    members = list(r.members) if isinstance(r, Ensemble) else []
+    return Option(r.name, PlanKind.RUNG, [r.name], [r.val_accuracy], [], members, include_dominated or not r.dominated)
+
+
+def _stage_option(c: Cascade) -> Option:
+    k = len(c.stages)
+    # Without recorded depths, only the whole cascade is credited (a shorter run answers, but unmeasured).
+    by_depth = list(c.val_accuracy_by_depth) or [0.0] * (k - 1) + [c.val_accuracy]
+    return Option(c.name, PlanKind.STAGES, list(c.stages), by_depth, list(c.thresholds))
+
+
+def _member_option(c: MemberCascade, include_dominated: bool) -> Option:
+    served = include_dominated or not c.dominated
+    return Option(
+        c.name,
+        PlanKind.MEMBERS,
+        list(c.members),
+        list(c.val_accuracy_by_depth),
+        list(c.thresholds),
+        list(c.members),
+        served,
+    )
 
 
 class Planner:
@@ -35,73 +103,113 @@ class Planner:
         self, ladder: Ladder, predictor: LatencyPredictor, margin_ms: float, include_dominated: bool = False
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
-        # Ensembles are rungs like any other: a static plan or a fixed request may name one.
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
-        self.rungs = {r.name: r for r in answers}
-        candidates = [r for r in self.rungs.values() if include_dominated or not r.dominated]
-        self.static = sorted(candidates, key=lambda r: -r.val_accuracy)
-        self.cascades = sorted(ladder.cascades, key=lambda c: -c.val_accuracy)
+        rungs = [_rung_option(r, include_dominated) for r in answers]
+        stages = [_stage_option(c) for c in ladder.cascades]
+        members = [_member_option(c, include_dominated) for c in ladder.member_cascades]
+        self.options = {o.name: o for o in [*rungs, *stages, *members]}
+        self.static = sorted((o for o in rungs if o.served), key=lambda o: -o.accuracy_by_depth[0])
+        self.cascades = sorted(stages, key=lambda o: -o.accuracy_by_depth[-1])
+        self.auto = [o for o in self.options.values() if o.served]
+        self.out: set[str] = set()  # engines taken out of service (they failed)
+
+    def take_out(self, engine: str) -> None:
+        """An engine failed: no plan uses it from now on."""
+        self.out.add(engine)
+
+    def _usable(self, options: list[Option]) -> list[Option]:
+        return [o for o in options if not self.out.intersection(o.engines)]
+
+    @property
+    def rungs(self) -> dict[str, Option]:
+        """Every option a `fixed` request may name."""
+        return self.options
 
     def fits(self, engines: list[str], time_left_ms: float, wait_ms: float) -> bool:
         return wait_ms + sum(self.predictor.predict(e) for e in engines) + self.margin_ms <= time_left_ms
 
-    def _rung_plan(self, policy: Policy, rung: Rung | Ensemble) -> Plan:
-        return Plan(policy, rung.name, [rung.name])
+    def depth_within(self, option: Option, budget_ms: float) -> int:
+        """How many of the option's steps fit in `budget_ms` (each at its predicted p99)."""
+        return sum(1 for t in accumulate(self.predictor.predict(e) for e in option.engines) if t <= budget_ms)
 
-    def _cascade_plan(self, cascade: Cascade) -> Plan:
-        return Plan(Policy.CASCADE, cascade.name, list(cascade.stages), list(cascade.thresholds))
+    def _named(self, name: str | None) -> Option:
+        if name is None or name not in self.options:
+            raise UnknownRung(f"unknown rung {name!r}; see GET /v1/ladder for the rungs", rung=name)
+        option = self.options[name]
+        if self.out.intersection(option.engines):
+            raise OutOfService(f"rung {name} is out of service (its engine failed); another policy can answer")
+        return option
+
+    def _best_within(self, options: list[Option], budget_ms: float) -> Option | None:
+        """The option worth most within the budget: accuracy at the depth that fits, then the cheaper."""
+        best, best_key = None, None
+        for option in options:
+            depth = self.depth_within(option, budget_ms)
+            if depth == 0:
+                continue
+            key = (option.accuracy_by_depth[depth - 1], -self.predictor.predict(option.engines[0]))
+            if best_key is None or key > best_key:
+                best, best_key = option, key
+        return best
 
     def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
         """The quickest plan this policy allows and its predicted time to a first answer (ms)."""
         if policy is Policy.FIXED:
-            plan = self._rung_plan(policy, self._named(rung))
-            return plan, self.predictor.predict(plan.engines[0])
-        if policy is Policy.CASCADE:
-            plans = [self._cascade_plan(c) for c in self.cascades]
+            option = self._named(rung)
         else:
-            plans = [self._rung_plan(policy, r) for r in self.static]
-        plan = min(plans, key=lambda p: self.predictor.predict(p.engines[0]))
-        return plan, self.predictor.predict(plan.engines[0])
-
-    def _named(self, rung: str | None) -> Rung | Ensemble:
-        if rung is None or rung not in self.rungs:
-            raise UnknownRung(f"unknown rung {rung!r}; see GET /v1/ladder for the rungs", rung=rung)
-        return self.rungs[rung]
+            pool = {Policy.AUTO: self.auto, Policy.CASCADE: self.cascades, Policy.STATIC: self.static}[policy]
+            usable = self._usable(pool)
+            if not usable:
+                raise OutOfService(f"no {policy} plan is in service: its engines failed")
+            option = min(usable, key=lambda o: self.predictor.predict(o.engines[0]))
+        return option.plan(policy), self.predictor.predict(option.engines[0])
 
     def plan(
         self, policy: Policy, time_left_ms: float, wait_ms: float, on_infeasible: OnInfeasible, rung: str | None = None
     ) -> Plan:
-        """The most accurate plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible).
+        """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible).
 
-        static: the most accurate rung whose predicted p99 fits whole. cascade: the most accurate cascade
-        that fits whole, else the one whose first stage is quickest (it stops early when time runs out).
+        auto: the most accurate answer reachable in time over every served option (a cascade counts for the
+        steps that fit). static: the most accurate rung that fits whole. cascade: the most accurate stage
+        cascade that fits whole, else the one whose first stage is quickest (it stops early when time runs
+        out). fixed: the named option, if its first step fits.
         """
-        if policy is Policy.STATIC:
-            for r in self.static:
-                if self.fits([r.name], time_left_ms, wait_ms):
-                    return self._rung_plan(policy, r)
+        budget = time_left_ms - wait_ms - self.margin_ms
+        if policy is Policy.AUTO:
+            chosen = self._best_within(self._usable(self.auto), budget)
+            if chosen is not None:
+                return chosen.plan(policy)
+        elif policy is Policy.STATIC:
+            for option in self._usable(self.static):
+                if self.depth_within(option, budget) == 1:
+                    return option.plan(policy)
         elif policy is Policy.CASCADE:
-            for c in self.cascades:
-                if self.fits(list(c.stages), time_left_ms, wait_ms):
-                    return self._cascade_plan(c)
+            for option in self._usable(self.cascades):
+                if self.depth_within(option, budget) == len(option.engines):
+                    return option.plan(policy)
         fastest, first_ms = self.fastest(policy, rung)
-        if policy is not Policy.FIXED and self.fits(fastest.engines[:1], time_left_ms, wait_ms):
-            return fastest
-        if policy is Policy.FIXED and self.fits(fastest.engines, time_left_ms, wait_ms):
+        if first_ms <= budget:
             return fastest
         if on_infeasible is OnInfeasible.BEST_EFFORT:
             fastest.feasible = False
             return fastest
-        margin = self.margin_ms
-        needs = wait_ms + first_ms + margin
+        needs = wait_ms + first_ms + self.margin_ms
         raise DeadlineInfeasible(
             f"no plan can answer within {time_left_ms:.2f} ms: the fastest needs about {needs:.2f} ms (queue "
-            f"{wait_ms:.2f}, engine {first_ms:.2f}, margin {margin:.2f})",
+            f"{wait_ms:.2f}, engine {first_ms:.2f}, margin {self.margin_ms:.2f})",
             fastest_ms=round(needs, 3),
         )
 
-    def continue_cascade(self, plan: Plan, done: int, entropy: float, time_left_ms: float, wait_ms: float) -> bool:
-        """After stage `done` (1-based) of a cascade: go on only if unsure and the next stage still fits."""
-        if done >= len(plan.engines) or entropy <= plan.thresholds[done - 1]:
+    def continue_cascade(self, plan: Plan, done: int, score: float, time_left_ms: float, wait_ms: float) -> bool:
+        """After step `done` (1-based) of a cascade: go on only if unsure and the next step still fits.
+
+        `score` is the gate's: entropy for a stage cascade (unsure above the threshold), the top probability
+        for a member cascade (unsure below it).
+        """
+        if done >= len(plan.engines):
+            return False
+        threshold = plan.thresholds[done - 1]
+        sure = score <= threshold if plan.kind is PlanKind.STAGES else score >= threshold
+        if sure:
             return False
         return not plan.feasible or self.fits([plan.engines[done]], time_left_ms, wait_ms)

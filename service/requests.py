@@ -20,7 +20,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.types import Receive, Scope
 
-from models.data import PreprocessSpec
+from models.preprocess import PreprocessSpec
 from service.errors import ApiError, BadImage, ClientGone, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from service.images import Pending, open_bytes, open_item, open_tensor, parse_shape
 from service.schemas import MAX_BATCH_IMAGES, ClassifyOptions

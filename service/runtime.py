@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import hashlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engines.base import Engine
+from engines.ensemble import StackerKind, StackerSession, member_features, soft_vote
 from engines.factory import open_record
-from engines.manifest import EngineRecord, Ladder, load_ladder
-from models.data import PreprocessSpec
+from engines.manifest import MANIFEST_NAME, EngineRecord, Ladder, MemberCascade, load_ladder
+from models.preprocess import PreprocessSpec
+from service.auth import ApiKey
 from service.config import Settings
 from service.metrics import Metrics
-from service.planner import Planner
+from service.planner import Combiner, Planner
 from service.predictor import LatencyPredictor
 from service.scheduler import Scheduler
 
@@ -27,13 +31,20 @@ class Runtime:
         self.ladder: Ladder = load_ladder(settings.ladder)  # checks every artefact's sha256
         self.threads = settings.threads or self.ladder.threads  # as the profiles were measured, by default
         self.ladder_json = self.ladder.model_dump_json().encode()  # GET /v1/ladder, serialized once
+        # The ladder's version: its manifest's hash, in every answer (which build answered, across a fleet).
+        self.ladder_version = hashlib.sha256((Path(settings.ladder) / MANIFEST_NAME).read_bytes()).hexdigest()[:12]
+        key = settings.api_key.get_secret_value() if settings.api_key else None
+        self.api_key = ApiKey(key, settings.api_key_metrics)
         self.spec = PreprocessSpec.from_dict(self.ladder.preprocess)
         self.records: dict[str, EngineRecord] = {
             r.name: r for r in [*self.ladder.stages, *self.ladder.rungs, *self.ladder.ensembles]
         }
         self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
         self.planner = Planner(self.ladder, self.predictor, settings.safety_margin_ms, settings.include_dominated)
+        # Only what a served plan runs is loaded at start; a dominated rung is loaded when a request names it.
+        self.served = [e for e in self.records if e in {x for o in self.planner.auto for x in o.engines}]
         self.engines: dict[str, Engine] = {}
+        self.combiners: dict[str, list[Combiner]] = {}
         self.scheduler = Scheduler(
             self.engines,
             self.planner,
@@ -43,6 +54,7 @@ class Runtime:
             settings.safety_margin_ms,
             metrics,
             settings.inline_max_ms,
+            self.combiners,
         )
         # Large images and bodies are decoded here, off the event loop (service/images.py says what is large).
         self.decoder = ThreadPoolExecutor(1, thread_name_prefix="anytime-decode")
@@ -50,20 +62,21 @@ class Runtime:
         self.failed: str | None = None
         self._closing = threading.Event()
         self._loader: threading.Thread | None = None
+        self._loading: dict[str, asyncio.Future[None]] = {}  # dominated rungs being loaded on request
 
     def load_in_background(self) -> None:
         self._loader = threading.Thread(target=self.load, name="anytime-load", daemon=True)
         self._loader.start()
 
     def load(self) -> None:
-        """Open and warm every engine, then start the worker; /readyz turns 200 only after this."""
+        """Open and warm every served engine, then start the worker; /readyz turns 200 only after this."""
         try:
-            for name, record in self.records.items():
+            for name in self.served:
                 if self._closing.is_set():  # shut down while loading: stop between engines
                     return
-                engine = open_record(Path(self.settings.ladder), self.ladder, record, self.threads)
-                engine.warmup((1, 8), runs=self.settings.warmup_runs)
-                self.engines[name] = engine
+                self._open(name)
+            for cascade in self.ladder.member_cascades:
+                self.combiners[cascade.name] = [self._combiner(cascade, j) for j in range(2, len(cascade.members) + 1)]
             # Everything loaded so far lives as long as the server: out of the collector's sight, a collection
             # scans only what requests allocate (a full one over the loaded modules took milliseconds).
             gc.collect()
@@ -74,6 +87,41 @@ class Runtime:
         except Exception as e:
             self.failed = f"{type(e).__name__}: {e}"
             log.exception("loading the ladder failed")
+
+    def _open(self, name: str) -> None:
+        engine = open_record(Path(self.settings.ladder), self.ladder, self.records[name], self.threads)
+        engine.warmup((1, 8), runs=self.settings.warmup_runs)
+        self.engines[name] = engine
+
+    def _combiner(self, cascade: MemberCascade, j: int) -> Combiner:
+        """How a member cascade combines its first j members: the mean of their probabilities, or its stacker."""
+        stacker = cascade.stackers[j - 2]
+        if cascade.combiners[j - 2] == "soft_vote" or stacker is None:
+            return lambda member_logits: soft_vote(list(member_logits))
+        num_classes = len(self.ladder.class_names)
+        session = StackerSession(
+            Path(self.settings.ladder) / stacker.path,
+            stacker.sha256,
+            StackerKind.LOGISTIC,
+            j * num_classes,
+            num_classes,
+        )
+        return lambda member_logits: session.predict_proba(member_features(list(member_logits)))
+
+    async def require(self, engines: list[str]) -> None:
+        """Make sure a plan's engines are loaded: one that is not (a dominated rung a request names) is loaded
+        now, off the event loop, and the request waits for it (requests for the same rung share the load)."""
+        for name in engines:
+            if name in self.engines:
+                continue
+            loading = self._loading.get(name)
+            if loading is None:
+                loop = asyncio.get_running_loop()
+                loading = self._loading[name] = loop.run_in_executor(self.decoder, self._open, name)
+            try:
+                await loading
+            finally:
+                self._loading.pop(name, None)
 
     def close(self) -> None:
         # A loader still inside a backend call must finish it first: native threads torn down under it abort.

@@ -31,7 +31,7 @@ import numpy as np
 
 from engines.base import Engine, entropy
 from service.errors import ApiError, DeadlineExpired, InternalError, QueueFull, ShuttingDown
-from service.planner import OnInfeasible, Plan, Planner, Policy
+from service.planner import Combiner, OnInfeasible, Plan, PlanKind, Planner, Policy
 from service.predictor import LatencyPredictor
 
 log = logging.getLogger("anytime.scheduler")
@@ -54,6 +54,7 @@ class Job:
     finished: float | None = None
     run_s: float = 0.0  # time inside engines, all steps
     batch_sizes: list[int] = field(default_factory=list)
+    member_logits: list[np.ndarray] = field(default_factory=list)  # a member cascade's members so far
     cancelled: bool = False
     error: ApiError | None = None
 
@@ -69,10 +70,12 @@ class Scheduler:
         margin_ms: float,
         metrics: object | None = None,
         inline_max_ms: float = 0.0,
+        combiners: dict[str, list[Combiner]] | None = None,
     ) -> None:
         self.engines, self.planner, self.predictor = engines, planner, predictor
         self.max_queue, self.max_batch, self.margin_ms = max_queue, max_batch, margin_ms
         self.inline_max_ms = inline_max_ms
+        self.combiners = combiners or {}  # a member cascade's stackers, one per prefix of 2.. members
         self.metrics = metrics
         self._heap: list[tuple[float, int, Job]] = []
         self._seq = itertools.count()
@@ -81,6 +84,7 @@ class Scheduler:
         self._jobs = 0  # accepted jobs not yet finished
         self._draining = False
         self._stop = False
+        self.crashed = False  # the worker died of a fault of its own
         self._thread = threading.Thread(target=self._work, name="anytime-worker", daemon=True)
 
     # -- client side ---------------------------------------------------------------------------------
@@ -89,7 +93,8 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        """The worker runs (or has not started yet) and has not died of a fault."""
+        return not self.crashed and (self._thread.is_alive() or self._thread.ident is None)
 
     def drain(self) -> None:
         """Refuse new work from now on (503 shutting_down); what is queued still runs."""
@@ -127,6 +132,8 @@ class Scheduler:
 
     def check_room(self, n: int = 1) -> None:
         """Raise (429 queue_full, 503 shutting_down) when `n` more jobs would not be accepted now."""
+        if self.crashed:
+            raise InternalError("internal error: the server cannot run models now")
         if self._draining:
             raise ShuttingDown("the server is shutting down", headers={"Retry-After": "1"})
         if self._jobs + n > self.max_queue:
@@ -178,29 +185,66 @@ class Scheduler:
 
     # -- worker side ---------------------------------------------------------------------------------
     def _work(self) -> None:
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    while not self._heap and not self._stop:
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    batch = self._take_batch()
+                if batch:
+                    self._run_batch(batch)
+        except Exception:  # a fault in the scheduler itself: nothing queued may wait forever for an answer
+            log.exception("the scheduler's worker stopped")
+            self.crashed = True
             with self._cond:
-                while not self._heap and not self._stop:
-                    self._cond.wait()
-                if self._stop:
-                    return
-                batch = self._take_batch()
-            if batch:
-                self._run_batch(batch)
+                left = [entry[2] for entry in self._heap]
+                self._heap.clear()
+            for job in left:
+                job.error = InternalError("internal error: the server cannot run models now")
+                self._finish(job)
 
     def _run_batch(self, batch: list[Job]) -> None:
+        engine = batch[0].plan.engines[batch[0].step]
         try:
             self._run(batch)
-        except Exception:  # a failing engine must not kill the worker; the jobs get a 500
-            log.exception("engine %s failed", batch[0].plan.engines[batch[0].step])
+        except Exception:  # a failing engine must not fail its requests: it leaves service, they re-plan
+            log.exception("engine %s failed: taken out of service", engine)
+            self.planner.take_out(engine)
+            if self.metrics is not None:
+                self.metrics.engine_failures.labels(engine).inc()  # type: ignore[attr-defined]
             for job in batch:
                 if job.finished is None:
-                    job.error = InternalError("internal error while running the model")
-                    self._finish(job)
+                    self._replan(job)
         finally:
             with self._cond:
                 if self._heap:  # a cascade's next stage may have been queued by an inline run
                     self._cond.notify()
+
+    def _replan(self, job: Job) -> None:
+        """A job whose engine failed: its best answer so far, or a new plan on the engines still in service."""
+        if job.logits is not None:
+            self._finish(job)
+            return
+        time_left = (job.deadline - time.monotonic()) * 1e3
+        on_infeasible = OnInfeasible.BEST_EFFORT if job.best_effort else OnInfeasible.REJECT
+        try:
+            job.plan = self.planner.plan(
+                job.plan.policy,
+                time_left,
+                self.wait_ms(job.deadline),
+                on_infeasible,
+                job.plan.name if job.plan.policy is Policy.FIXED else None,
+            )
+        except ApiError as e:
+            job.error = e
+            self._finish(job)
+            return
+        job.step, job.member_logits = 0, []
+        with self._cond:
+            heapq.heappush(self._heap, (job.deadline, next(self._seq), job))
+            self._cond.notify()
 
     def _take_batch(self) -> list[Job]:
         """Pop the earliest-due runnable job and the queued jobs for the same engine that can share its run."""
@@ -268,27 +312,52 @@ class Scheduler:
         error = self.predictor.observe(name, len(batch), ms)
         if self.metrics is not None:
             self.metrics.observe_batch(name, len(batch), error)  # type: ignore[attr-defined]
-        logits = outputs[-1]
-        entropies = entropy(logits)
-        for i, job in enumerate(batch):
+        for job in batch:
             job.step += 1
             job.run_s += now - start
             job.batch_sizes.append(len(batch))
-            job.logits = logits[i : i + 1]
+        answers = self._answers(batch, outputs[-1])
+        entropies = entropy(answers)
+        for i, job in enumerate(batch):
+            job.logits = answers[i : i + 1]
             job.entropy = float(entropies[i])
-            if job.plan.policy is Policy.CASCADE and not self._stop and self._go_on(job, outputs[0][i : i + 1], now):
+            if job.plan.kind is PlanKind.RUNG or self._stop or not self._go_on(job, outputs[0][i : i + 1], now):
+                self._finish(job)
+            else:
                 with self._cond:
                     heapq.heappush(self._heap, (job.deadline, next(self._seq), job))
-            else:
-                self._finish(job)
+
+    def _answers(self, batch: list[Job], logits: np.ndarray) -> np.ndarray:
+        """Each job's answer after this step: the engine's logits, or for a member cascade past its first
+        member the stacker's combination of every member's so far (one stacker call per cascade and step)."""
+        answers = logits
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, job in enumerate(batch):
+            if job.plan.kind is PlanKind.MEMBERS:
+                job.member_logits.append(logits[i : i + 1])
+                if job.step > 1:
+                    groups.setdefault((job.plan.name, job.step), []).append(i)
+        for (name, step), rows in groups.items():
+            if answers is logits:
+                answers = logits.copy()
+            combine = self.combiners[name][step - 2]
+            features = [np.concatenate([batch[i].member_logits[m] for i in rows]) for m in range(step)]
+            probs = combine(features)
+            answers[rows] = np.log(np.clip(probs, 1e-12, None))
+        return answers
 
     def _go_on(self, job: Job, features: np.ndarray, now: float) -> bool:
         if job.cancelled:
             return False
+        if job.plan.kind is PlanKind.STAGES:
+            score = job.entropy
+        else:
+            z = job.logits[0].astype(np.float64)  # type: ignore[index]
+            score = float(1.0 / np.exp(z - z.max()).sum())  # the top probability
         time_left = (job.deadline - now) * 1e3
-        go = self.planner.continue_cascade(job.plan, job.step, job.entropy, time_left, self.wait_ms(job.deadline))
-        if go:
-            job.x = features
+        go = self.planner.continue_cascade(job.plan, job.step, score, time_left, self.wait_ms(job.deadline))
+        if go and job.plan.kind is PlanKind.STAGES:
+            job.x = features  # the next stage runs on this one's features; a member runs on the image
         return go
 
     def _finish(self, job: Job) -> None:

@@ -2,30 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.planner import OnInfeasible, Policy
 
 MAX_BATCH_IMAGES = 256
+BLACK_28X28_PNG = "iVBORw0KGgoAAAANSUhEUgAAABwAAAAcCAAAAABXZoBIAAAAEElEQVR42mNgGAWjYBQQAwADLAAB1wvpfAAAAABJRU5ErkJggg=="
 
 
 class ClassifyOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     deadline_ms: float = Field(..., ge=1, le=60000, description="answer within this many ms of arrival")
-    policy: Policy = Policy.CASCADE
+    policy: Policy = Policy.AUTO
     rung: str | None = Field(None, description="the rung to run, with policy=fixed")
     on_infeasible: OnInfeasible = OnInfeasible.REJECT
     top_k: int = Field(1, ge=1, le=100)
 
 
 class ClassifyRequest(ClassifyOptions):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"image": BLACK_28X28_PNG, "deadline_ms": 50}]},
+    )
+
     image: str | list[Any] = Field(..., description="base64 PNG/JPEG, or a nested array of grey values 0..255")
 
 
 class BatchRequest(ClassifyOptions):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"images": [BLACK_28X28_PNG, BLACK_28X28_PNG], "deadline_ms": 50}]},
+    )
+
     images: list[str | list[Any]] = Field(..., min_length=1, max_length=MAX_BATCH_IMAGES)
 
 
@@ -36,16 +47,18 @@ class TopK(BaseModel):
 
 
 class ClassifyResponse(BaseModel):
-    request_id: str
+    request_id: str = Field(..., description="X-Request-ID if the client sent a sane one, else made here")
     label: int
     class_name: str
     top_k: list[TopK]
     rung: str
     policy: Policy
-    exit: int = Field(..., description="the exit that answered; 0 for an ensemble")
+    exit: int = Field(..., description="the exit that answered; 0 for a combination of models")
     precision: str
     backend: str
-    members: list[str] = Field(default_factory=list, description="an ensemble's member rungs; empty otherwise")
+    members: list[str] = Field(
+        default_factory=list, description="the models combined: an ensemble's members, or the members a cascade ran"
+    )
     entropy: float
     stages_run: int
     batch_sizes: list[int]
@@ -54,6 +67,7 @@ class ClassifyResponse(BaseModel):
     deadline_ms: float
     deadline_met: bool
     resized: bool
+    ladder_version: str = Field(..., description="the first 12 hex digits of the ladder manifest's sha256")
 
 
 class BatchResponse(BaseModel):
@@ -67,3 +81,13 @@ class ErrorBody(BaseModel):
 
     code: str
     message: str
+
+
+class HealthBody(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyBody(BaseModel):
+    status: Literal["ready"]
+    engines: int = Field(..., description="engines loaded and warmed")
+    ladder_version: str = Field(..., description="the first 12 hex digits of the ladder manifest's sha256")

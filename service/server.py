@@ -27,6 +27,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from service.admission import Admitted, admit
 from service.config import Settings
 from service.errors import ApiError, Overloaded
+from service.logs import log_config, request_id
 from service.runtime import Runtime
 
 CLASSIFY, BATCH = b"/v1/classify", b"/v1/classify/batch"
@@ -83,10 +84,11 @@ class _Refused:
         self.message_event = asyncio.Event()
 
 
-def _answer(error: ApiError) -> bytes:
+def _answer(error: ApiError, rid: str) -> bytes:
     """A whole HTTP response for an error, written by the parser itself."""
     body = orjson.dumps(error.body())
     head = f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\ncontent-type: application/json\r\n"
+    head += f"x-request-id: {rid}\r\n"
     head += f"content-length: {len(body)}\r\n" + "".join(f"{k.lower()}: {v}\r\n" for k, v in error.headers.items())
     return (head + "\r\n").encode() + body
 
@@ -128,7 +130,7 @@ def protocol_class(max_connections: int, lag: LoopLag, runtime: Runtime) -> type
 
         def _answer_now(self, error: ApiError) -> None:
             """Answered from the parser: no task, nothing waits behind the event loop's queue."""
-            self.transport.write(_answer(error))
+            self.transport.write(_answer(error, request_id(self.headers)))
             self.cycle = _Refused()  # type: ignore[assignment]
             if self.parser.should_keep_alive():
                 self.on_response_complete()
@@ -163,7 +165,8 @@ class Server(uvicorn.Server):
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
     lag = LoopLag(settings.shed_after_ms)
     protocol = protocol_class(settings.max_connections, lag, app.state.runtime)
-    flags = {**UVICORN_FLAGS, "http": protocol, "access_log": settings.access_log}
+    # The access log is service/app.py's (it names the request id); uvicorn's own is off.
+    flags = {**UVICORN_FLAGS, "http": protocol, "access_log": False, "log_config": log_config(settings.log_format)}
     return uvicorn.Config(
         app,
         host=settings.host,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.manifest import Ladder, load_ladder
+from engines.manifest import Ladder, Rung, load_ladder
 from models.checkpoint import DEFAULT_CHECKPOINT, Checkpoint, load_checkpoint
 from models.data import FashionMNIST
 
@@ -42,3 +42,20 @@ def default_ladder_dir() -> Path:
 @pytest.fixture(scope="session")
 def default_ladder(default_ladder_dir: Path) -> Ladder:
     return load_ladder(default_ladder_dir)
+
+
+@pytest.fixture(scope="session")
+def ladder_dir(default_ladder_dir: Path) -> Path:
+    """The ladder the unit and service tests run on."""
+    return default_ladder_dir
+
+
+@pytest.fixture(scope="session")
+def ladder(ladder_dir: Path) -> Ladder:
+    return load_ladder(ladder_dir)
+
+
+def last_exit(ladder: Ladder, precision: str = "fp32") -> Rung:
+    """The ladder's last exit in `precision` on ONNX Runtime (every ladder has one)."""
+    exits = [r for r in ladder.rungs if r.kind == "exit" and r.precision == precision and r.backend == "onnxruntime"]
+    return max(exits, key=lambda r: r.exit)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import main
+from cli.main import main
 
 
 @pytest.mark.parametrize("command", ["train", "evaluate"])
@@ -48,10 +48,33 @@ def test_entry_point_is_installed() -> None:
 
 
 def test_cli_default_checkpoint_is_the_models_one() -> None:
+    from cli.train import DEFAULT_CHECKPOINT as CLI_DEFAULT
     from models.checkpoint import DEFAULT_CHECKPOINT
-    from service import cli
 
-    assert cli.DEFAULT_CHECKPOINT == DEFAULT_CHECKPOINT.resolve()
+    assert CLI_DEFAULT == DEFAULT_CHECKPOINT.resolve()
+
+
+def test_serve_imports_no_torch() -> None:
+    """Each subcommand imports only what it needs: the server needs neither torch nor the offline builder."""
+    code = (
+        "import sys; from cli.main import build_parser; build_parser('serve'); import service.app, service.server; "
+        "print(sorted(m for m in ('torch', 'onnx', 'sklearn', 'engines.build') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_an_unexpected_error_shows_its_traceback(tmp_path: Path) -> None:
+    """A bug is not an expected error: it is not reduced to one line (expected ones are, with exit 2)."""
+    code = (
+        "import cli.serve, sys\n"
+        "def broken(args): raise RuntimeError('a bug')\n"
+        "cli.serve.run_serve = broken\n"
+        "from cli.main import main\n"
+        "sys.exit(main(['serve']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" in done.stderr and "RuntimeError: a bug" in done.stderr
 
 
 def test_our_models_package_wins_after_onnxruntime_quantization(tmp_path: Path) -> None:

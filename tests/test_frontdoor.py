@@ -47,8 +47,8 @@ def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(default_ladder_dir: Path, server_log: Path) -> Iterator[str]:
-    with running_server(default_ladder_dir, log=server_log, **SETTINGS_ENV) as url:
+def server(ladder_dir: Path, server_log: Path) -> Iterator[str]:
+    with running_server(ladder_dir, log=server_log, **SETTINGS_ENV) as url:
         yield url
 
 
@@ -109,11 +109,9 @@ def _log_is_clean(path: Path) -> None:
 
 
 # -- bodies ---------------------------------------------------------------------------------------------------
-def test_every_body_form_gives_the_same_answer(
-    client: httpx.Client, images: np.ndarray, default_ladder: Ladder
-) -> None:
-    spec = PreprocessSpec.from_dict(default_ladder.preprocess)
-    image, rung = images[0], next(r.name for r in default_ladder.rungs if r.precision == "fp32" and r.kind == "exit")
+def test_every_body_form_gives_the_same_answer(client: httpx.Client, images: np.ndarray, ladder: Ladder) -> None:
+    spec = PreprocessSpec.from_dict(ladder.preprocess)
+    image, rung = images[0], next(r.name for r in ladder.rungs if r.precision == "fp32" and r.kind == "exit")
     fixed = {"deadline_ms": 1000, "policy": "fixed", "rung": rung}
     as_json = client.post("/v1/classify", json={"image": base64.b64encode(_png(image)).decode(), **fixed}).json()
     forms = {
@@ -231,21 +229,19 @@ def test_an_option_given_twice_is_refused(client: httpx.Client, images: np.ndarr
 
 
 # -- refusing early, slow and vanishing clients --------------------------------------------------------------
-def test_an_infeasible_deadline_is_refused_before_the_body_is_read(server: str, default_ladder: Ladder) -> None:
+def test_an_infeasible_deadline_is_refused_before_the_body_is_read(server: str, ladder: Ladder) -> None:
     """The headers say the deadline cannot be met: the answer comes although the body was never sent."""
     sock = _raw(server)
-    path = f"/v1/classify?policy=fixed&rung={_slow_rung(default_ladder)}"
+    path = f"/v1/classify?policy=fixed&rung={_slow_rung(ladder)}"
     sock.sendall(_head(path, 100_000, x_deadline_ms="1"))
     status, _, body = _read_response(sock)
     sock.close()
     assert status == 503 and body["code"] == "deadline_infeasible" and body["fastest_ms"] > 1
 
 
-def test_a_full_queue_is_refused_before_the_body_is_read(
-    default_ladder_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_full_queue_is_refused_before_the_body_is_read(ladder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In process, through the ASGI interface: the app answers 429 and never calls receive()."""
-    app = create_app(Settings(ladder=default_ladder_dir), load_in_background=False)
+    app = create_app(Settings(ladder=ladder_dir), load_in_background=False)
     runtime = app.state.runtime
     runtime.ready.set()  # the engines are not needed: nothing may reach them
 
@@ -300,6 +296,20 @@ def test_a_body_that_misses_its_deadline_gets_504_at_the_deadline(server: str) -
     assert status == 504 and body["code"] == "deadline_expired" and time.monotonic() - start < 0.45
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_64_mib_upload_over_a_real_socket_reads_the_413(server: str, framing: str) -> None:
+    """The client is still uploading when the server refuses: it must read the 413, not a reset."""
+    body = b"x" * (64 << 20)
+    headers = {"content-type": "application/json"}
+    content: bytes | Iterator[bytes] = body
+    if framing == "chunked":  # no length up front: the limit is found only while reading
+        content = (body[i : i + (1 << 20)] for i in range(0, len(body), 1 << 20))
+    with httpx.Client(base_url=server, timeout=30) as c:
+        r = c.post("/v1/classify?deadline_ms=1000", content=content, headers=headers)
+        assert r.status_code == 413 and r.json()["code"] == "payload_too_large", r.text
+        assert c.get("/healthz").status_code == 200  # and the server is well
+
+
 def _metric(client: httpx.Client, name: str, **labels: str) -> float:
     for family in text_string_to_metric_families(client.get("/metrics").text):
         for sample in family.samples:
@@ -309,7 +319,7 @@ def _metric(client: httpx.Client, name: str, **labels: str) -> float:
 
 
 def test_clients_that_leave_are_counted_not_errors(
-    server: str, client: httpx.Client, images: np.ndarray, server_log: Path, default_ladder: Ladder
+    server: str, client: httpx.Client, images: np.ndarray, server_log: Path, ladder: Ladder
 ) -> None:
     before = {w: _metric(client, "anytime_disconnects_total", where=w) for w in ("receive", "queued", "running")}
     # Mid-body: the client sends half its body and goes.
@@ -318,7 +328,7 @@ def test_clients_that_leave_are_counted_not_errors(
     time.sleep(0.05)
     sock.close()
     # Queued or running: a batch big enough to still be in the server when the client has gone.
-    rung = _slow_rung(default_ladder)
+    rung = _slow_rung(ladder)
     for _ in range(3):
         sock = _raw(server)
         body = np.repeat(images, 12, axis=0)[:96].tobytes()
@@ -415,9 +425,9 @@ def test_openapi_documents_every_body_form_and_error(client: httpx.Client) -> No
 
 
 def test_a_real_fault_is_a_logged_generic_500(
-    default_ladder_dir: Path, images: np.ndarray, caplog: pytest.LogCaptureFixture
+    ladder_dir: Path, images: np.ndarray, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = create_app(Settings(ladder=default_ladder_dir))
+    app = create_app(Settings(ladder=ladder_dir))
     app.state.runtime.ready.set()  # no lifespan, no engines: the fault comes before any engine is needed
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -448,14 +458,14 @@ def test_the_baseline_is_plain_and_runs_under_the_same_flags() -> None:
 
 
 def test_sigterm_drains_answers_in_flight_work_and_exits_0(
-    default_ladder_dir: Path, images: np.ndarray, tmp_path: Path
+    ladder_dir: Path, images: np.ndarray, tmp_path: Path
 ) -> None:
     port = free_port()
     log = tmp_path / "server.log"
     exe = Path(sys.executable).parent / "anytime"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(exe), "serve", "--ladder", str(default_ladder_dir), "--port", str(port)],
+            [str(exe), "serve", "--ladder", str(ladder_dir), "--port", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -473,7 +483,7 @@ def test_sigterm_drains_answers_in_flight_work_and_exits_0(
         answers: list[tuple[int, str]] = []
         failures: list[BaseException] = []
         body = np.repeat(images, 5, axis=0)[:40].tobytes()
-        rung = _slow_rung(Ladder.model_validate_json((default_ladder_dir / "ladder.json").read_text()))
+        rung = _slow_rung(Ladder.model_validate_json((ladder_dir / "ladder.json").read_text()))
 
         def one() -> None:
             try:
@@ -512,3 +522,15 @@ def test_sigterm_drains_answers_in_flight_work_and_exits_0(
     assert all(status == 200 or code == "shutting_down" for status, code in answers), answers
     _log_is_clean(log)
     assert "Finished server process" in log.read_text()
+
+
+def test_healthz_turns_503_when_the_worker_died_and_readyz_keeps_details_in_the_log(ladder_dir: Path) -> None:
+    app = create_app(Settings(ladder=ladder_dir))  # no lifespan: nothing loads
+    c = TestClient(app)
+    assert c.get("/healthz").status_code == 200
+    app.state.runtime.scheduler.crashed = True
+    r = c.get("/healthz")
+    assert r.status_code == 503 and r.json()["code"] == "worker_dead"
+    app.state.runtime.failed = "ValueError: secret path /etc/something"
+    r = c.get("/readyz")
+    assert r.status_code == 503 and r.json()["code"] == "load_failed" and "secret" not in r.text

@@ -10,14 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli.main import main
 from loadtest.client import check_target
 from loadtest.harness import png_base64, running_server
 from loadtest.http import ConnectionPool
+from loadtest.report import hindsight, stat
 from loadtest.schedule import DeadlineMix, image_order, make_workload, poisson_offsets
 from loadtest.summary import Record, read_records, summarize
-from loadtest.sweep import SweepConfig, capacity_passes, find_capacity, run_sweep, save_sweep
+from loadtest.sweep import SweepConfig, capacity_passes, find_capacity, run_sweep, save_sweep, served_plans
 from models.data import FashionMNIST
-from service.cli import main
 
 
 def _record(i: int, status: int, code: str, client_ms: float, **answer: object) -> Record:
@@ -224,8 +225,8 @@ def test_allow_remote_lifts_the_guard_without_sending_anything() -> None:
 
 
 @pytest.mark.slow
-def test_short_real_run_writes_records_and_summary(default_ladder_dir: Path, tmp_path: Path) -> None:
-    with running_server(default_ladder_dir) as url:
+def test_short_real_run_writes_records_and_summary(ladder_dir: Path, tmp_path: Path) -> None:
+    with running_server(ladder_dir) as url:
         argv = ["loadtest", "--url", url, "--rate", "40", "--requests", "60", "--duration", "3", "--quiet"]
         assert main([*argv, "--deadline-mix", "3:0.3,10:0.5,50:0.2", "--out", str(tmp_path / "server")]) == 0
         single = ["--scenario", "single-stream", "--requests", "15", "--policy", "static"]
@@ -249,13 +250,14 @@ def test_short_real_run_writes_records_and_summary(default_ladder_dir: Path, tmp
 
 
 @pytest.mark.slow
-def test_tiny_sweep_writes_report_and_plots(default_ladder_dir: Path, tmp_path: Path, fmnist: FashionMNIST) -> None:
+def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fmnist: FashionMNIST) -> None:
     config = SweepConfig(
-        ladder=default_ladder_dir,
+        ladder=ladder_dir,
         out=tmp_path,
         deadlines_ms=(20.0,),
         rates=(40.0,),
-        policies=("cascade", "baseline"),
+        policies=("auto", "front", "baseline"),
+        repeats=2,
         requests=20,
         duration_s=2.0,
         progress=False,
@@ -264,22 +266,50 @@ def test_tiny_sweep_writes_report_and_plots(default_ladder_dir: Path, tmp_path: 
     report = save_sweep(result).read_text()
     for name in ("effective_accuracy.png", "attainment_vs_rate.png", "latency_cdf.png", "rung_exit_mix.png"):
         assert (tmp_path / name).stat().st_size > 1000 and f"]({name})" in report
-    assert "oracle bound" in report and "Machine:" in report and "baseline" in report
-    assert len(result.cells) == 2 and all(c.metrics["sent"] > 0 for c in result.cells)
+    assert "union bound" in report and "best fixed in hindsight" in report and "Machine:" in report
+    fixed = [s for s in result.specs if s.label.startswith("fixed:")]
+    assert fixed and {s.rung for s in fixed} == set(served_plans(result.ladder))
+    assert len(result.cells) == 2 * (2 + len(fixed)) and all(c.metrics["sent"] > 0 for c in result.cells)
+    assert {c.repeat for c in result.cells} == {0, 1}
     baseline = next(c for c in result.cells if c.spec.baseline)
     assert baseline.metrics["rung_shares"] and all(r.rung == baseline.spec.rung for r in baseline.records if r.answered)
+    best, value = hindsight(result, 40.0, 20.0, "effective_accuracy_client")
+    assert best in {s.label for s in fixed} and value == max(
+        stat(result, s.label, 40.0, 20.0, "effective_accuracy_client")[0] for s in fixed
+    )
     oracle = result.oracle[0]
     assert oracle.images == 20 and 0 <= oracle.best_rung_accuracy <= oracle.oracle <= 1
-    assert len(list((tmp_path / "records").glob("*.jsonl"))) == 2
+    assert len(list((tmp_path / "records").glob("*.jsonl"))) == len(result.cells)
+
+
+def test_sweep_rates_can_be_percentages_of_the_measured_capacity(
+    ladder_dir: Path, tmp_path: Path, fmnist: FashionMNIST
+) -> None:
+    config = SweepConfig(
+        ladder=ladder_dir,
+        out=tmp_path,
+        deadlines_ms=(50.0,),
+        load=(50.0,),
+        policies=("auto",),
+        repeats=1,
+        requests=20,
+        duration_s=0.5,
+        capacity_start=400.0,
+        progress=False,
+    )
+    result = run_sweep(config, fmnist.split("test"))
+    assert result.load_capacity is not None and result.load_capacity.rate is not None
+    assert result.config.rates == (round(result.load_capacity.rate * 0.5, 1),)
+    assert all(t["attainment"] is not None for t in result.load_capacity.trials)
 
 
 @pytest.mark.slow
-def test_baseline_answers_like_the_service(default_ladder_dir: Path, fmnist: FashionMNIST) -> None:
+def test_baseline_answers_like_the_service(ladder_dir: Path, fmnist: FashionMNIST) -> None:
     from fastapi.testclient import TestClient
 
     from loadtest.baseline import create_baseline_app
 
-    client = TestClient(create_baseline_app(default_ladder_dir))
+    client = TestClient(create_baseline_app(ladder_dir))
     image = fmnist.split("test").images[0]
     body = client.post("/v1/classify", json={"image": png_base64(image), "deadline_ms": 1000, "policy": "x"}).json()
     assert {"label", "rung", "exit", "latency_ms", "deadline_met"} <= set(body) and body["deadline_met"]

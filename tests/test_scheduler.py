@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from engines.base import Backend, EngineBase, Precision
-from engines.manifest import Artifact, Cascade, Ladder, LatencyProfile, Rung, Stage
-from service.errors import DeadlineExpired, QueueFull, ShuttingDown
+from engines.manifest import Artifact, Cascade, Ladder, LatencyProfile, MemberCascade, Rung, Stage
+from service.errors import DeadlineExpired, DeadlineInfeasible, InternalError, OutOfService, QueueFull, ShuttingDown
 from service.planner import OnInfeasible, Plan, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job, Scheduler
@@ -345,3 +345,177 @@ def test_predictor_forgets_old_observations(monkeypatch: pytest.MonkeyPatch) -> 
     now = time.monotonic()
     monkeypatch.setattr(predictor_module.time, "monotonic", lambda: now + predictor_module.HORIZON_S + 1)
     assert predictor.predict("s1", 1) == pytest.approx(22.0)  # back to the profile once the burst is old
+
+
+# -- the auto planner and member cascades -------------------------------------------------------------------
+def _auto_ladder() -> Ladder:
+    ladder = _ladder()
+    ladder.rungs.append(_record(Rung, "slow", STAGE_MS, kind="exit", exit=3, val_accuracy=0.90, test_accuracy=0.9))
+    ladder.cascades[0].val_accuracy_by_depth = [0.85, 0.92, 0.95]
+    ladder.rungs += [  # dominated (the member cascade serves them), so only the cascade is an auto option
+        _record(Rung, name, 1.0, kind="member", exit=1, val_accuracy=0.82, test_accuracy=0.82, dominated=True)
+        for name in ("m1", "m2")
+    ]
+    ladder.member_cascades = [
+        MemberCascade.model_construct(
+            name="members",
+            members=["m1", "m2"],
+            thresholds=[0.5],
+            val_accuracy_by_depth=[0.82, 0.88],
+            dominated=False,
+        )
+    ]
+    return ladder
+
+
+def test_auto_takes_the_most_accurate_answer_within_the_time_left() -> None:
+    ladder = _auto_ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+    planner = Planner(ladder, predictor, margin_ms=1.0)
+    # p99s: fast, m1, m2 1.1 ms; slow and each stage 22 ms. Budget = time left - margin.
+    assert planner.plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "members"  # m1 fits: 0.82 > fast 0.80
+    assert planner.plan(Policy.AUTO, 3.5, 0.0, OnInfeasible.REJECT).name == "members"  # both members: 0.88
+    assert planner.plan(Policy.AUTO, 25.0, 0.0, OnInfeasible.REJECT).name == "slow"  # 0.90 > cascade at 1 stage
+    assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "cascade"  # two stages: 0.92
+    assert planner.plan(Policy.AUTO, 50.0, 30.0, OnInfeasible.REJECT).name == "members"  # a queue shrinks the budget
+    with pytest.raises(DeadlineInfeasible):
+        planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)
+    assert not planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.BEST_EFFORT).feasible
+
+
+def _member_scheduler() -> tuple[Scheduler, Planner, dict[str, SleepEngine]]:
+    ladder = _auto_ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+    planner = Planner(ladder, predictor, margin_ms=1.0)
+    engines = {"m1": SleepEngine(1.0, unsure=True), "m2": SleepEngine(1.0, unsure=False), "fast": SleepEngine(1.0)}
+    calls: list[int] = []
+
+    def combine(member_logits: list[np.ndarray]) -> np.ndarray:  # a stand-in stacker: softmax of the sum
+        calls.append(len(member_logits[0]))
+        z = sum(member_logits)
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    scheduler = Scheduler(engines, planner, predictor, 8, 4, margin_ms=1.0, combiners={"members": [combine]})
+    scheduler.calls = calls  # type: ignore[attr-defined]
+    return scheduler, planner, engines
+
+
+def test_a_member_cascade_goes_on_while_unsure_and_combines_what_ran() -> None:
+    scheduler, planner, engines = _member_scheduler()
+    scheduler.start()
+    try:
+        done: list[Job] = []
+        event = threading.Event()
+        now = time.monotonic()
+        plan = planner.plan(Policy.FIXED, 500, 0.0, OnInfeasible.REJECT, "members")
+        job = Job("j", now, now + 0.5, np.zeros((1, 4), np.float32), plan, lambda j: (done.append(j), event.set()))
+        scheduler.submit(job)
+        assert event.wait(2)
+        # m1 answered uniformly (top probability 0.1 < 0.5): m2 ran, and the stacker combined both.
+        assert job.error is None and job.step == 2 and len(job.member_logits) == 2
+        assert scheduler.calls == [1]  # type: ignore[attr-defined]
+        assert float(np.exp(job.logits).max()) > 0.99  # the combination is m2's confident answer
+        assert engines["m1"].batches == [1] and engines["m2"].batches == [1]
+    finally:
+        scheduler.stop()
+
+
+def test_a_member_cascade_stops_after_a_confident_first_member() -> None:
+    scheduler, planner, engines = _member_scheduler()
+    engines["m1"].unsure = False
+    scheduler.start()
+    try:
+        done: list[Job] = []
+        event = threading.Event()
+        now = time.monotonic()
+        plan = planner.plan(Policy.FIXED, 500, 0.0, OnInfeasible.REJECT, "members")
+        job = Job("j", now, now + 0.5, np.zeros((1, 4), np.float32), plan, lambda j: (done.append(j), event.set()))
+        scheduler.submit(job)
+        assert event.wait(2)
+        assert job.step == 1 and engines["m2"].batches == [] and scheduler.calls == []  # type: ignore[attr-defined]
+    finally:
+        scheduler.stop()
+
+
+class FailingEngine(SleepEngine):
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
+        raise RuntimeError("injected engine fault")
+
+
+class CountingMetrics:
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+        self.engine_failures = self
+
+    def labels(self, engine: str) -> CountingMetrics:
+        self.failures.append(engine)
+        return self
+
+    def inc(self) -> None:
+        pass
+
+    def observe_batch(self, engine: str, size: int, error_ms: float) -> None:
+        pass
+
+
+def test_a_failing_engine_leaves_service_and_its_requests_are_replanned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ladder = _auto_ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+    planner = Planner(ladder, predictor, margin_ms=1.0)
+    engines = {"slow": FailingEngine(1.0), "fast": SleepEngine(1.0, unsure=False), "m1": SleepEngine(1.0)}
+    metrics = CountingMetrics()
+    scheduler = Scheduler(engines, planner, predictor, 8, 4, margin_ms=1.0, metrics=metrics)
+    scheduler.start()
+    try:
+        done: list[Job] = []
+        event = threading.Event()
+        now = time.monotonic()
+        plan = planner.plan(Policy.STATIC, 500, 0.0, OnInfeasible.REJECT)
+        assert plan.name == "slow"  # the most accurate rung: it will fail
+        job = Job("j", now, now + 0.5, np.zeros((1, 4), np.float32), plan, lambda j: (done.append(j), event.set()))
+        with caplog.at_level("ERROR", logger="anytime.scheduler"):
+            scheduler.submit(job)
+            assert event.wait(2)
+        assert job.error is None and job.plan.name == "fast" and job.step == 1  # answered by the next best
+        assert metrics.failures == ["slow"] and "injected engine fault" in caplog.text
+        assert planner.plan(Policy.STATIC, 500, 0.0, OnInfeasible.REJECT).name == "fast"  # out of service now
+        with pytest.raises(OutOfService):
+            planner.plan(Policy.FIXED, 500, 0.0, OnInfeasible.REJECT, "slow")
+    finally:
+        scheduler.stop()
+
+
+def test_a_crashed_worker_answers_what_was_queued_and_takes_no_more(no_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    scheduler, planner, _ = no_worker
+    done: list[Job] = []
+    jobs = [_job(planner, Policy.CASCADE, 5000, done) for _ in range(3)]
+
+    def broken() -> list[Job]:
+        raise RuntimeError("injected scheduler fault")
+
+    monkeypatch.setattr(scheduler, "_take_batch", broken)
+    for job in jobs:
+        scheduler.submit(job)
+    scheduler.start()
+    deadline = time.monotonic() + 2
+    while len(done) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(done) == 3 and all(isinstance(j.error, InternalError) for j in jobs)  # not silence
+    assert not scheduler.alive
+    with pytest.raises(InternalError):
+        scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))
+
+
+def test_predictor_scales_unobserved_engines_by_the_machines_slowdown() -> None:
+    ladder = _ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs], window=50)
+    before = predictor.predict("s2", 1)
+    for _ in range(20):
+        predictor.observe("s1", 1, 40.0)  # s1 runs at twice its profiled p90 (20 ms)
+    assert predictor.predict("s2", 1) == pytest.approx(2.0 * before)  # s2 never ran: scaled alike
+    for _ in range(20):
+        predictor.observe("s1", 1, 1.0)  # a fast machine never scales the idle profile down
+    assert predictor.predict("s2", 1) >= before

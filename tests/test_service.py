@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import io
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,13 +26,14 @@ from service.app import create_app
 from service.config import Settings
 from service.planner import OnInfeasible, Planner, Policy
 from service.predictor import LatencyPredictor
+from tests.conftest import last_exit
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server(default_ladder_dir: Path) -> Iterator[str]:
-    with running_server(default_ladder_dir) as url:
+def server(ladder_dir: Path) -> Iterator[str]:
+    with running_server(ladder_dir) as url:
         yield url
 
 
@@ -52,24 +54,25 @@ def _classify(client: httpx.Client, image: np.ndarray, deadline_ms: float, **opt
 
 
 def test_loose_deadline_gets_the_most_accurate_answer(
-    client: httpx.Client, default_ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
+    client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
     body = _classify(client, test_images[0][0], 5000, policy="static").json()
-    answers = [*default_ladder.rungs, *default_ladder.ensembles]  # ensembles are rungs too
+    answers = [*ladder.rungs, *ladder.ensembles]  # ensembles are rungs too
     best = max((r for r in answers if not r.dominated), key=lambda r: r.val_accuracy)
     assert body["rung"] == best.name and body["deadline_met"]
-    body = _classify(client, test_images[0][0], 5000, policy="fixed", rung="exit3.fp32.onnxruntime").json()
-    assert body["exit"] == 3 and body["precision"] == "fp32" and body["deadline_met"]
+    last = last_exit(ladder)
+    body = _classify(client, test_images[0][0], 5000, policy="fixed", rung=last.name).json()
+    assert body["exit"] == last.exit and body["precision"] == "fp32" and body["deadline_met"]
 
 
 def test_tight_deadline_gets_a_fast_rung_on_time(
-    client: httpx.Client, default_ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
+    client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
     margin = Settings.model_fields["safety_margin_ms"].default
-    candidates = [r for r in [*default_ladder.rungs, *default_ladder.ensembles] if not r.dominated]
+    candidates = [r for r in [*ladder.rungs, *ladder.ensembles] if not r.dominated]
     # Planning: a deadline the most accurate rung cannot meet goes to a faster one.
     best = max(candidates, key=lambda r: r.val_accuracy)
-    planner = Planner(default_ladder, LatencyPredictor([*default_ladder.rungs, *default_ladder.ensembles]), margin)
+    planner = Planner(ladder, LatencyPredictor([*ladder.rungs, *ladder.ensembles]), margin)
     plan = planner.plan(Policy.STATIC, best.profile(1).p99_ms + margin - 0.01, 0.0, OnInfeasible.REJECT)
     assert {r.name: r for r in candidates}[plan.name].profile(1).p99_ms < best.profile(1).p99_ms
     # Over HTTP: at the tightest deadline the fastest rung meets (its p99, the margin, 1 ms to decode the
@@ -78,40 +81,44 @@ def test_tight_deadline_gets_a_fast_rung_on_time(
     deadline = fastest.profile(1).p99_ms + margin + 1.0
     answered = [_classify(client, test_images[0][i], deadline, policy="static") for i in range(20)]
     ok = [r.json() for r in answered if r.status_code == 200]
-    assert len(ok) >= 10, [r.json() for r in answered if r.status_code != 200][:3]
+    assert len(ok) >= 17, [r.json() for r in answered if r.status_code != 200][:3]
     assert all(b["deadline_met"] and b["latency_ms"] <= deadline for b in ok)
     fit = {r.name for r in candidates if r.profile(1).p99_ms + margin <= deadline}
     assert {b["rung"] for b in ok} <= fit
 
 
 def test_impossible_deadline_is_refused_at_once(
-    client: httpx.Client, test_images: tuple[np.ndarray, np.ndarray]
+    client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
+    slowest = max(ladder.rungs, key=lambda r: r.profile(1).p99_ms)
     start = time.perf_counter()
-    response = _classify(client, test_images[0][0], 1, policy="fixed", rung="exit3.fp32.onnxruntime")
+    response = _classify(client, test_images[0][0], 1, policy="fixed", rung=slowest.name)
     elapsed_ms = (time.perf_counter() - start) * 1e3
     assert response.status_code == 503 and response.json()["code"] == "deadline_infeasible"
     assert response.json()["fastest_ms"] > 1 and elapsed_ms < 50
 
 
-def test_best_effort_answers_late_and_says_so(client: httpx.Client, test_images: tuple[np.ndarray, np.ndarray]) -> None:
+def test_best_effort_answers_late_and_says_so(
+    client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
+) -> None:
+    slowest = max(ladder.rungs, key=lambda r: r.profile(1).p99_ms)
     body = _classify(
-        client, test_images[0][0], 1, policy="fixed", rung="exit3.fp32.onnxruntime", on_infeasible="best_effort"
+        client, test_images[0][0], 1, policy="fixed", rung=slowest.name, on_infeasible="best_effort"
     ).json()
-    assert body["exit"] == 3 and body["deadline_met"] is False
+    assert body["rung"] == slowest.name and body["deadline_met"] is False
 
 
 def test_cascade_stops_on_confident_exits(
-    client: httpx.Client, default_ladder: Ladder, default_ladder_dir: Path, test_images: tuple[np.ndarray, np.ndarray]
+    client: httpx.Client, ladder: Ladder, ladder_dir: Path, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
     images = test_images[0][:60]
-    bodies = [_classify(client, img, 5000).json() for img in images]
-    cascade = next(c for c in default_ladder.cascades if c.name == bodies[0]["rung"])
-    stage1 = default_ladder.stage(cascade.stages[0])
-    engine = open_engine(stage1.backend, default_ladder_dir / stage1.artifact.path, stage1.precision)
+    bodies = [_classify(client, img, 5000, policy="cascade").json() for img in images]
+    cascade = next(c for c in ladder.cascades if c.name == bodies[0]["rung"])
+    stage1 = ladder.stage(cascade.stages[0])
+    engine = open_engine(stage1.backend, ladder_dir / stage1.artifact.path, stage1.precision)
     from models.data import PreprocessSpec
 
-    spec = PreprocessSpec.from_dict(default_ladder.preprocess)
+    spec = PreprocessSpec.from_dict(ladder.preprocess)
     ent1 = entropy(engine.run(spec.normalize(images))[1])
     stages = np.array([b["stages_run"] for b in bodies])
     assert (stages == 1).any() and (stages > 1).any()  # easy ones stop, hard ones go deeper
@@ -120,15 +127,14 @@ def test_cascade_stops_on_confident_exits(
     assert np.mean(ent1[stages == 1]) < np.mean(ent1[stages > 1])
 
 
-def test_concurrent_mixed_deadlines_all_answered(
-    default_ladder_dir: Path, test_images: tuple[np.ndarray, np.ndarray]
-) -> None:
+def test_concurrent_mixed_deadlines_all_answered(ladder_dir: Path, test_images: tuple[np.ndarray, np.ndarray]) -> None:
     """Every request is answered, on time or with an explicit error; the loose ones are all served.
 
     Eight closed-loop clients in this process oversubscribe the two cores: engine runs then take 2-5x their
-    profiled p99, so some answers are ready only after their deadline and go out as 504s (5-8 % measured).
+    profiled p99, so some answers are ready only after their deadline and go out as 504s (11-27 of 400 measured,
+    see LatencyPredictor).
     """
-    with running_server(default_ladder_dir) as server:
+    with running_server(ladder_dir) as server:
         _concurrent_run(server, test_images)
 
 
@@ -231,9 +237,9 @@ def test_batch_form(client: httpx.Client, test_images: tuple[np.ndarray, np.ndar
     assert sum(res["label"] == int(y) for res, y in zip(results, labels[:16], strict=True)) >= 13
 
 
-def test_ladder_endpoint_and_docs(client: httpx.Client, default_ladder: Ladder) -> None:
+def test_ladder_endpoint_and_docs(client: httpx.Client, ladder: Ladder) -> None:
     body = client.get("/v1/ladder").json()
-    assert [r["name"] for r in body["rungs"]] == [r.name for r in default_ladder.rungs]
+    assert [r["name"] for r in body["rungs"]] == [r.name for r in ladder.rungs]
     assert body["cascades"][0]["thresholds"]
     assert client.get("/docs").status_code == 200
     assert "/v1/classify" in client.get("/openapi.json").json()["paths"]
@@ -253,17 +259,45 @@ def test_metrics_parse_as_prometheus(client: httpx.Client) -> None:
     } <= names
 
 
-def test_readyz_is_503_until_warm(default_ladder_dir: Path) -> None:
-    app = create_app(Settings(ladder=default_ladder_dir))
+def test_readyz_is_503_until_warm(ladder_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the engines load, /readyz and /v1/classify answer 503 not_ready; after, 200 and a real answer."""
+    from service.runtime import Runtime
+
+    gate = threading.Event()
+    real_open = Runtime._open
+
+    def held_open(self: Runtime, name: str) -> None:
+        assert gate.wait(60)
+        real_open(self, name)
+
+    monkeypatch.setattr(Runtime, "_open", held_open)
+    app = create_app(Settings(ladder=ladder_dir))
+    image = base64.b64encode(_png_bytes()).decode()
     with TestClient(app) as c:
         first = c.get("/readyz")
         assert c.get("/healthz").status_code == 200
+        early = c.post("/v1/classify", json={"image": image, "deadline_ms": 50})
+        gate.set()
         deadline = time.monotonic() + 120
         while c.get("/readyz").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert c.get("/readyz").status_code == 200
-    assert first.status_code == 503 and first.json()["code"] == "not_ready"
-    early = create_app(Settings(ladder=default_ladder_dir))
-    with TestClient(early) as c:
-        r = c.post("/v1/classify", json={"image": "AAAA", "deadline_ms": 50})
-        assert r.status_code in (503, 400)  # not_ready while loading; bad_image once ready
+        ready = c.get("/readyz")
+        late = c.post("/v1/classify", json={"image": image, "deadline_ms": 5000})
+    assert first.status_code == 503 and first.json()["code"] == "not_ready" and first.headers["retry-after"]
+    assert early.status_code == 503 and early.json()["code"] == "not_ready"
+    assert ready.status_code == 200 and late.status_code == 200 and late.json()["deadline_met"]
+
+
+def test_auto_is_the_default_and_dominated_rungs_load_only_when_named(
+    client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
+) -> None:
+    body = _classify(client, test_images[0][1], 5000).json()
+    assert body["policy"] == "auto" and body["deadline_met"]
+    dominated = [r for r in ladder.rungs if r.dominated]
+    assert dominated, "the ladder has dominated rungs"
+    loaded = client.get("/readyz").json()["engines"]
+    assert loaded < len(ladder.rungs) + len(ladder.stages) + len(ladder.ensembles)
+    named = min(dominated, key=lambda r: r.profile(1).p99_ms)  # not one another test names (the slowest)
+    body = _classify(client, test_images[0][1], 5000, policy="fixed", rung=named.name).json()
+    assert body["rung"] == named.name and body["deadline_met"]  # loaded on first use, then answered
+    assert client.get("/readyz").json()["engines"] == loaded + 1

@@ -130,7 +130,7 @@ def plan_graphs(inputs: Inputs, cuts: list[tuple[str, ...]], base: bool = True) 
     shapes and MACs filled in."""
     import torch
 
-    from engines.steps.export import stage_input_shape
+    from engines.steps.modules import stage_input_shape
     from models.evaluate import count_macs
 
     model, shape = inputs.model, tuple(inputs.spec.input_shape)
@@ -150,7 +150,7 @@ def plan_graphs(inputs: Inputs, cuts: list[tuple[str, ...]], base: bool = True) 
 
 def module(model: Any, g: Graph, members: dict[str, Member]) -> Any:
     """The torch module that computes graph `g` (an nn.Module)."""
-    from engines.steps.export import ExitGraph, StageGraph
+    from engines.steps.modules import ExitGraph, StageGraph
 
     if g.kind == "member":
         return members[g.name].model

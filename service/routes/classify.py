@@ -14,10 +14,8 @@ alone. FastAPI still documents them in OpenAPI (service/routes/docs.py).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 import time
-import uuid
 from typing import Any
 
 import numpy as np
@@ -25,7 +23,7 @@ import orjson
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from engines.manifest import Ensemble, Rung, Stage
+from engines.manifest import EngineRecord, Ensemble, Rung, Stage
 from service.admission import admit, plan_for
 from service.errors import (
     ApiError,
@@ -35,7 +33,7 @@ from service.errors import (
     ShuttingDown,
 )
 from service.images import INLINE_MAX_PIXELS, Input
-from service.planner import OnInfeasible, Plan
+from service.planner import OnInfeasible, Plan, PlanKind
 from service.requests import (
     INLINE_MAX_JSON,
     JSON,
@@ -68,6 +66,7 @@ class ClassifyApp:
             return
         status, body, headers = answer
         head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+        head.append((b"x-request-id", scope["state"]["request_id"].encode()))
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body})
 
@@ -76,14 +75,6 @@ routes = [
     Route("/v1/classify", ClassifyApp(batch=False), methods=["POST"]),
     Route("/v1/classify/batch", ClassifyApp(batch=True), methods=["POST"]),
 ]
-
-
-_ids = itertools.count()
-_PREFIX = uuid.uuid4().hex[:8]  # one per process: ids stay unique across restarts and replicas
-
-
-def _request_id() -> str:
-    return f"{_PREFIX}{next(_ids):08x}"
 
 
 class _Waiter:
@@ -129,11 +120,12 @@ async def _handle(scope: Scope, receive: Receive, batch: bool) -> Answer:
         clock.lap("validate")
         if plan is None:
             plan = plan_for(runtime, options, clock.arrival)
+        await runtime.require(plan.engines)  # a dominated rung is loaded on first use
         clock.lap("plan")
         inputs = await _decode(runtime, items, len(body))
         clock.lap("decode")
         waiter = _Waiter(asyncio.get_running_loop(), len(inputs))
-        jobs = _submit(runtime, inputs, options, plan, clock, waiter)
+        jobs = _submit(runtime, inputs, options, plan, clock, waiter, scope["state"]["request_id"], batch)
     except ApiError as e:
         _count(runtime, options, e.code)
         return _error(e, clock)
@@ -194,7 +186,10 @@ def _submit(
     plan: Plan,
     clock: Clock,
     waiter: _Waiter,
+    request_id: str,
+    batch: bool,
 ) -> list[Job]:
+    """Queue one job per image: the request's id names it (a batch's images: the id, a dot and the index)."""
     deadline = clock.arrival + options.deadline_ms / 1e3
     best_effort = options.on_infeasible is OnInfeasible.BEST_EFFORT
     jobs: list[Job] = []
@@ -202,7 +197,8 @@ def _submit(
         for i, (x, _) in enumerate(inputs):
             if i:  # each further image of a batch is planned with the ones before it in the queue
                 plan = plan_for(runtime, options, clock.arrival)
-            job = Job(_request_id(), clock.arrival, deadline, x, plan, waiter.job_done, best_effort)
+            job_id = f"{request_id}.{i}" if batch else request_id
+            job = Job(job_id, clock.arrival, deadline, x, plan, waiter.job_done, best_effort)
             runtime.scheduler.submit(job, inline=len(inputs) == 1)
             jobs.append(job)
     except ApiError:
@@ -280,7 +276,7 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
     order = [int(probs.argmax())] if options.top_k == 1 else [int(i) for i in np.argsort(-probs)[: options.top_k]]
     names = runtime.ladder.class_names
     record = runtime.records[job.plan.engines[job.step - 1]]
-    exit_k = record.index if isinstance(record, Stage) else record.exit if isinstance(record, Rung) else 0
+    exit_k, members = _exit_and_members(job, record)
     metrics.requests.labels(options.policy, job.plan.name, "ok" if met else "late").inc()
     metrics.exits.labels(str(exit_k)).inc()
     return {
@@ -293,7 +289,7 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
         "exit": int(exit_k),
         "precision": str(record.precision),
         "backend": str(record.backend),
-        "members": list(record.members) if isinstance(record, Ensemble) else [],
+        "members": members,
         "entropy": job.entropy,
         "stages_run": job.step,
         "batch_sizes": job.batch_sizes,
@@ -302,7 +298,18 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
         "deadline_ms": options.deadline_ms,
         "deadline_met": met,
         "resized": resized,
+        "ladder_version": runtime.ladder_version,
     }
+
+
+def _exit_and_members(job: Job, record: EngineRecord) -> tuple[int, list[str]]:
+    """The exit that answered (0: a combination of several models) and the models combined."""
+    if job.plan.kind is PlanKind.MEMBERS:
+        run = job.plan.members[: job.step]
+        return (record.exit if isinstance(record, Rung) else 0) if len(run) == 1 else 0, run
+    if isinstance(record, Ensemble):
+        return 0, list(record.members)
+    return (record.index if isinstance(record, Stage) else record.exit if isinstance(record, Rung) else 0), []
 
 
 def _count(runtime: Runtime, options: ClassifyOptions | None, code: str) -> None:

@@ -13,7 +13,8 @@ from engines.backends.torch import TorchEngine
 from engines.base import Backend, Engine, Precision
 from engines.factory import open_engine
 from engines.manifest import Ladder
-from engines.steps.export import ExitGraph, convert_fp16
+from engines.steps.export import convert_fp16
+from engines.steps.modules import ExitGraph
 from models.checkpoint import Checkpoint
 from models.data import FashionMNIST
 

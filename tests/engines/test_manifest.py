@@ -39,7 +39,8 @@ def test_manifest_records_what_it_must(default_ladder: Ladder) -> None:
         assert record.macs > 0 and record.artifact.bytes > 0
     for cascade in default_ladder.cascades:
         assert len(cascade.thresholds) == 2 and abs(sum(cascade.expected_exit_share) - 1) < 1e-9
-        assert cascade.val_accuracy >= max(0.0, cascade.val_accuracy)  # recorded, and:
+        assert 0.8 < cascade.val_accuracy <= 1 and abs(cascade.val_accuracy - cascade.test_accuracy) < 0.02
+        assert not cascade.val_accuracy_by_depth or cascade.val_accuracy_by_depth[-1] == cascade.val_accuracy
         assert cascade.test_accuracy >= cascade.test_last_exit_accuracy - 0.01
 
 

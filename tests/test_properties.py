@@ -1,0 +1,212 @@
+"""Property tests (hypothesis): the image decoder, the planner and the scheduler's queue, on generated inputs.
+
+The decoder answers any input with a model input of the right shape or a BadImage, nothing else; a plan never
+needs more than the time left it was given; a queue never loses a job, whatever is submitted and cancelled.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from engines.manifest import Ladder
+from models.preprocess import PreprocessSpec
+from service.errors import ApiError, BadImage, DeadlineInfeasible
+from service.images import open_item, open_tensor, parse_shape
+from service.planner import OnInfeasible, Planner, Policy
+from service.predictor import LatencyPredictor
+from service.scheduler import Job
+from tests.test_scheduler import _setup
+
+SPEC = PreprocessSpec(input_shape=(1, 28, 28), dtype="float32", mean=(0.286,), std=(0.353,))  # Fashion-MNIST's
+# A library loaded by the test session (onnxruntime or OpenVINO) turns on flush-to-zero, so subnormal floats
+# cannot be made: every floats() strategy here says allow_subnormal=False.
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _decodes_or_refuses(make) -> None:  # type: ignore[no-untyped-def]
+    """`make()` opens an image; opening and decoding either give a (1, 1, 28, 28) finite input or BadImage."""
+    try:
+        pending = make()
+        pendings = pending if isinstance(pending, list) else [pending]
+        for p in pendings:
+            x, resized = p.decode()
+            assert x.shape == (1, *SPEC.input_shape) and x.dtype == np.float32 and np.isfinite(x).all()
+            assert isinstance(resized, bool) and p.pixels >= 1
+    except BadImage as e:
+        assert e.status == 400 and e.message
+
+
+@FAST
+@given(st.binary(max_size=2048))
+def test_any_bytes_as_base64_decode_or_are_bad_images(data: bytes) -> None:
+    _decodes_or_refuses(lambda: open_item(base64.b64encode(data).decode(), SPEC))
+
+
+@FAST
+@given(st.text(max_size=300))
+def test_any_text_decodes_or_is_a_bad_image(text: str) -> None:
+    _decodes_or_refuses(lambda: open_item(text, SPEC))
+
+
+_cells = st.one_of(
+    st.integers(-5, 300), st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=False), st.text(max_size=2)
+)
+_nested = st.recursive(st.lists(_cells, max_size=6), lambda inner: st.lists(inner, max_size=6), max_leaves=60)
+
+
+@FAST
+@given(_nested)
+def test_any_nested_array_decodes_or_is_a_bad_image(pixels: list) -> None:  # type: ignore[type-arg]
+    _decodes_or_refuses(lambda: open_item(pixels, SPEC))
+
+
+@FAST
+@given(
+    st.integers(1, 64),
+    st.integers(1, 64),
+    st.sampled_from(["L", "RGB", "RGBA", "I;16", "P"]),
+    st.sampled_from(["PNG", "JPEG"]),
+    st.integers(0, 2**32 - 1),
+)
+def test_real_images_of_any_size_and_mode_decode(w: int, h: int, mode: str, fmt: str, seed: int) -> None:
+    if fmt == "JPEG" and mode not in ("L", "RGB"):
+        mode = "RGB"
+    rng = np.random.default_rng(seed)
+    img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, fmt)
+    pending = open_item(base64.b64encode(buf.getvalue()).decode(), SPEC)
+    x, resized = pending.decode()
+    assert x.shape == (1, 1, 28, 28) and np.isfinite(x).all() and resized == ((w, h) != (28, 28))
+
+
+@FAST
+@given(
+    st.binary(max_size=4096),
+    st.sampled_from(["uint8", "float32", "int64", ""]),
+    st.text(alphabet="0123456789,-x ", max_size=12),
+    st.booleans(),
+)
+def test_any_tensor_body_decodes_or_is_a_bad_image(data: bytes, dtype: str, shape: str, batch: bool) -> None:
+    _decodes_or_refuses(lambda: open_tensor(data, dtype, parse_shape(shape), SPEC, batch))
+
+
+# -- the planner ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine_names(ladder: Ladder) -> list[str]:
+    return [r.name for r in [*ladder.stages, *ladder.rungs, *ladder.ensembles]]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    policy=st.sampled_from([Policy.AUTO, Policy.STATIC, Policy.CASCADE, Policy.FIXED]),
+    time_left=st.floats(0, 200, allow_subnormal=False),
+    wait=st.floats(0, 100, allow_subnormal=False),
+    margin=st.floats(0, 2, allow_subnormal=False),
+    slowdown=st.floats(0.2, 20, allow_subnormal=False),
+    pick=st.integers(0, 10**6),
+    failed=st.integers(0, 10**6),
+)
+def test_a_plan_never_needs_more_than_the_time_left(
+    ladder: Ladder,
+    engine_names: list[str],
+    policy: Policy,
+    time_left: float,
+    wait: float,
+    margin: float,
+    slowdown: float,
+    pick: int,
+    failed: int,
+) -> None:
+    """Feasible: queue wait + every step counted + margin fit in the time left; and no failed engine is used."""
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs, *ladder.ensembles], window=20)
+    observed = engine_names[pick % len(engine_names)]  # the machine is slower (or faster) for one engine
+    for _ in range(20):
+        predictor.observe(observed, 1, predictor.predict(observed) * slowdown)
+    planner = Planner(ladder, predictor, margin)
+    out = engine_names[failed % len(engine_names)]
+    planner.take_out(out)
+    rung = sorted(planner.options)[pick % len(planner.options)] if policy is Policy.FIXED else None
+    try:
+        plan = planner.plan(policy, time_left, wait, OnInfeasible.REJECT, rung)
+    except DeadlineInfeasible:
+        fastest = min(predictor.predict(o.engines[0]) for o in planner.auto if out not in o.engines)
+        assert policy is not Policy.AUTO or wait + fastest + margin > time_left  # auto refuses only when nothing fits
+        return
+    except ApiError as e:
+        assert e.code == "out_of_service" and (policy is Policy.FIXED or policy is not Policy.AUTO)
+        return
+    assert plan.feasible and out not in plan.engines
+    steps = [predictor.predict(e) for e in plan.engines]
+    assert wait + steps[0] + margin <= time_left + 1e-9  # the first answer is in time
+    if policy is Policy.STATIC:
+        assert wait + sum(steps) + margin <= time_left + 1e-9
+    # A cascade goes on to step k+1 only if that step still fits in what is left then.
+    spent = wait + steps[0]
+    for k in range(1, len(steps)):
+        unsure = float("inf") if plan.kind == "stages" else -1.0
+        goes_on = planner.continue_cascade(plan, k, unsure, time_left - spent + wait, wait)
+        if goes_on:
+            assert wait + steps[k] + margin <= time_left - spent + wait + 1e-9
+        spent += steps[k]
+
+
+# -- the queue ------------------------------------------------------------------------------------------------
+
+_op = st.one_of(
+    st.tuples(
+        st.just("submit"), st.sampled_from([Policy.CASCADE, Policy.STATIC]), st.floats(1, 200, allow_subnormal=False)
+    ),
+    st.tuples(st.just("cancel"), st.integers(0, 40), st.just(0.0)),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_op, min_size=1, max_size=40))
+def test_the_queue_never_loses_a_job(ops: list[tuple[str, object, float]]) -> None:
+    """Whatever is submitted, refused and cancelled, every accepted job is answered exactly once."""
+    scheduler, planner, _ = _setup()
+    scheduler.start()
+    answered: dict[int, int] = {}
+    lock = threading.Lock()
+    accepted: list[Job] = []
+
+    def done(job: Job) -> None:
+        with lock:
+            answered[id(job)] = answered.get(id(job), 0) + 1
+
+    try:
+        for kind, arg, deadline_ms in ops:
+            if kind == "cancel":
+                if accepted:
+                    scheduler.cancel(accepted[int(arg) % len(accepted)])  # type: ignore[call-overload]
+                continue
+            now = time.monotonic()
+            try:
+                plan = planner.plan(arg, deadline_ms, scheduler.wait_ms(now + deadline_ms / 1e3), OnInfeasible.REJECT)  # type: ignore[arg-type]
+                job = Job(str(len(accepted)), now, now + deadline_ms / 1e3, np.zeros((1, 4), np.float32), plan, done)
+                scheduler.submit(job)
+            except ApiError as e:
+                assert e.status in (429, 503)  # refused up front: never queued, never answered
+                continue
+            accepted.append(job)
+        limit = time.monotonic() + 10
+        while len(answered) < len(accepted) and time.monotonic() < limit:
+            time.sleep(0.002)
+    finally:
+        scheduler.stop()
+    assert len(answered) == len(accepted) and set(answered.values()) <= {1}
+    assert scheduler.depth() == 0
+    for job in accepted:
+        assert (job.error is None) != (job.logits is None) or job.cancelled  # an answer or an error, not both
