@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import tempfile
 from enum import StrEnum
@@ -56,30 +58,32 @@ def quantize_int8(
         quiet = logging.getLogger().level
         logging.getLogger().setLevel(logging.ERROR)  # ORT logs one warning per tensor at WARNING
         try:
-            quantize_static(
-                str(pre),
-                str(cpu_path),
-                OrtCalibrationReader(calib, input_name),
-                quant_format=QuantFormat.QDQ,
-                per_channel=True,
-                activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QInt8,
-                calibrate_method=method.ort,
-                calibration_cache_path=cache_path,
-            )
-            if trt_path is not None:
+            # ORT's calibrators also print their progress ("Collecting tensor data ...") to stdout.
+            with contextlib.redirect_stdout(io.StringIO()):
                 quantize_static(
                     str(pre),
-                    str(trt_path),
-                    None,
+                    str(cpu_path),
+                    OrtCalibrationReader(calib, input_name),
                     quant_format=QuantFormat.QDQ,
                     per_channel=True,
-                    activation_type=QuantType.QInt8,
+                    activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8,
                     calibrate_method=method.ort,
                     calibration_cache_path=cache_path,
-                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
                 )
+                if trt_path is not None:
+                    quantize_static(
+                        str(pre),
+                        str(trt_path),
+                        None,
+                        quant_format=QuantFormat.QDQ,
+                        per_channel=True,
+                        activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8,
+                        calibrate_method=method.ort,
+                        calibration_cache_path=cache_path,
+                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
+                    )
         finally:
             logging.getLogger().setLevel(quiet)
     if trt_path is not None:

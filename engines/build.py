@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,14 +25,15 @@ from typing import Any
 import torch
 
 from calibration.quantize import CalibrationMethod
-from engines.base import Backend, Precision
-from engines.manifest import CutSearch, EngineRecord, Ladder, Rung
+from engines.base import ArtifactError, Backend, BackendUnavailable, Precision
+from engines.ensemble import StackerKind
+from engines.manifest import CutSearch, EngineRecord, Ladder, ManifestError, Rung
 from engines.steps.cache import StepCache
 from engines.steps.calibrate import CalibrationConfig, choose_method, quantize_graphs
 from engines.steps.cascades import CascadeConfig, build_cascade
 from engines.steps.context import BuildContext, default_workers, software_versions
 from engines.steps.cuts import CutConfig, exported_cuts, search_cuts
-from engines.steps.ensembles import EnsembleConfig, build_ensembles
+from engines.steps.ensembles import EnsembleConfig, build_ensembles, ensemble_bases
 from engines.steps.evaluate import Background
 from engines.steps.export import export_graphs, fp16_file
 from engines.steps.graphs import (
@@ -46,12 +49,14 @@ from engines.steps.graphs import (
     plan_graphs,
 )
 from engines.steps.measure import ProfileConfig, machine_info
+from engines.steps.member_cascades import MemberCascadeConfig, build_member_cascades
 from engines.steps.pareto import keep_pareto_cuts, keep_pareto_ensembles
 from engines.steps.probe import RULE, ProbeConfig, built_precisions, run_probe
 from engines.steps.report import ladder_table, summary
 from engines.steps.rungs import make_rung
 from engines.steps.stacker import stacker_versions
-from models.checkpoint import DEFAULT_CHECKPOINT
+from models.checkpoint import DEFAULT_CHECKPOINT, CheckpointError
+from models.data import DataError
 
 # The ensemble members built beside the main checkpoint by default (committed; README says how they were trained).
 DEFAULT_MEMBERS = (
@@ -88,6 +93,12 @@ class BuildConfig:
     workers: int = field(default_factory=default_workers)  # processes for export and calibration
     eval_threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # accuracy passes are never timed
     ensemble_starts: str = "every"
+    stackers: tuple[StackerKind, ...] = tuple(StackerKind)  # ensemble stackers: chosen among these by CV on val
+    # Member cascades (engines/steps/member_cascades.py): answers may differ from running every member on at
+    # most this % of val; up to this many members; the most accurate few on the front are kept.
+    member_bound_pp: float = 0.1
+    max_members: int = 3
+    member_cascades_kept: int = 3
 
     def profile(self) -> ProfileConfig:
         return ProfileConfig(
@@ -107,9 +118,15 @@ class BuildConfig:
     def cascade(self) -> CascadeConfig:
         return CascadeConfig(accuracy_bound_pp=self.accuracy_bound_pp)
 
+    def member_cascades(self) -> MemberCascadeConfig:
+        return MemberCascadeConfig(self.max_members, self.member_bound_pp, self.member_cascades_kept)
+
     def ensembles(self) -> EnsembleConfig:
         return EnsembleConfig(
-            int8_max_drop_pp=self.int8_max_drop_pp, seed=self.stacker_seed, starts=self.ensemble_starts
+            int8_max_drop_pp=self.int8_max_drop_pp,
+            seed=self.stacker_seed,
+            starts=self.ensemble_starts,
+            stackers=self.stackers,
         )
 
     def probe(self) -> ProbeConfig:
@@ -228,6 +245,10 @@ def build_ladder(checkpoint: Path, out: Path, config: BuildConfig | None = None)
     ensembles, tried = keep_pareto_ensembles(rungs, measured, pruned)
     phases.done("ensembles")
 
+    bases = ensemble_bases(ctx, rungs, exits[-1].name, config.ensembles()) if members else []
+    member_cascades = build_member_cascades(ctx, rungs, bases, ensembles, config.member_cascades())
+    phases.done("member cascades")
+
     ladder = Ladder(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         checkpoint=ctx.inputs.artifact,
@@ -248,6 +269,7 @@ def build_ladder(checkpoint: Path, out: Path, config: BuildConfig | None = None)
         rungs=rungs,
         ensembles=ensembles,
         ensemble_search=tried,
+        member_cascades=member_cascades,
         tensorrt_sources=[ctx.artifact(ctx.out / g.file(Precision.INT8, True)) for g in stages + answering + members],
         probe=probe,
         build_steps={
@@ -303,6 +325,12 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-runs", type=_positive, default=BuildConfig.min_runs, help="the fewest (default: %(default)s)")
     p.add_argument("--bound-pp", type=float, default=0.5, help="cascade accuracy bound vs the last exit (pp)")
     p.add_argument(
+        "--member-bound-pp",
+        type=float,
+        default=BuildConfig.member_bound_pp,
+        help="member cascades: %% of val answers that may differ from running every member (default: %(default)s)",
+    )
+    p.add_argument(
         "--members",
         type=Path,
         nargs="*",
@@ -334,6 +362,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         runs=args.runs,
         min_runs=args.min_runs,
         accuracy_bound_pp=args.bound_pp,
+        member_bound_pp=args.member_bound_pp,
         data=args.data,
         progress=not args.quiet,
         members=members,
@@ -350,6 +379,38 @@ def run_build(args: argparse.Namespace) -> Ladder:
     return ladder
 
 
+EXPECTED_ERRORS = (
+    BuildError,
+    CheckpointError,
+    DataError,
+    ArtifactError,
+    BackendUnavailable,
+    ManifestError,
+    FileNotFoundError,
+    ValueError,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m engines.build",  # the same command as `anytime build`
+        description="Build a ladder: export every stage, exit, residual cut and member to ONNX, calibrate INT8, "
+        "probe which other precisions pay here, measure accuracy and latency, fit cascade thresholds and "
+        "ensembles, and write ladder.json. A re-run redoes only what changed.",
+    )
+    add_build_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        run_build(args)
+    except EXPECTED_ERRORS as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
 __all__ = [
     "DEFAULT_MEMBERS",
     "BuildConfig",
@@ -357,5 +418,9 @@ __all__ = [
     "add_build_arguments",
     "build_ladder",
     "ladder_table",
+    "main",
     "run_build",
 ]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -39,5 +39,9 @@ def build_cascade(
         val_accuracy=fit.accuracy,
         test_accuracy=float((preds == test.labels).mean()),
         test_last_exit_accuracy=accuracy(test_logits[-1], test.labels),
+        val_accuracy_by_depth=[
+            float((simulate(val_logits[:j], fit.thresholds[: j - 1])[1] == val.labels).mean())
+            for j in range(1, len(val_logits) + 1)
+        ],
     )
     return records, cascade

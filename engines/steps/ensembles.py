@@ -41,6 +41,7 @@ class EnsembleConfig:
     int8_max_drop_pp: float = 1.0  # a member whose INT8 rung loses more val accuracy joins ensembles in FP32
     seed: int = 0
     starts: str = "every"  # "every": forward selection from every base; "best": from the best base only
+    stackers: tuple[StackerKind, ...] = tuple(StackerKind)  # the kinds cross-validation chooses among
 
 
 def forward_selection(
@@ -221,21 +222,24 @@ def _dominator_name(by: str | None, rungs: dict[str, Rung]) -> str | None:
 
 
 def _stacker(
-    ctx: BuildContext, name: str, members: list[Rung], logits: _Logits, seed: int
+    ctx: BuildContext, name: str, members: list[Rung], logits: _Logits, config: EnsembleConfig
 ) -> tuple[Path, dict[str, Any]]:
     """Fit (LR or MLP by CV on val) and export one stacker; reused while its members and val are unchanged."""
     path, report_path = ctx.out / f"{name}.stacker.onnx", ctx.out / f"{name}.stacker.json"
     key = {
         "members": [m.artifact.sha256 for m in members],
         "val": ctx.inputs.split("val").fingerprint,
-        "seed": seed,
+        "seed": config.seed,
+        "kinds": [str(k) for k in config.stackers],
         "folds": FOLDS,
         "versions": {**ctx.versions, **stacker_versions()},
     }
 
     def make() -> dict[str, Any]:
         features = logits.features(tuple(m.name for m in members), "val")
-        fit = fit_stacker(features, logits.val_labels, seed, jobs=ctx.eval_threads)  # not timed: every core
+        fit = fit_stacker(
+            features, logits.val_labels, config.seed, config.stackers, jobs=ctx.eval_threads
+        )  # not timed: every core
         export_stacker(fit.estimator, features.shape[1], path)
         report = {"kind": str(fit.kind), "cv_accuracy": fit.cv_accuracy}
         report_path.write_text(json.dumps(report, indent=1))
@@ -254,7 +258,7 @@ def _ensemble(
 ) -> Ensemble:
     name = _name(members)
     names = tuple(m.name for m in members)
-    path, report = _stacker(ctx, name, members, logits, config.seed)
+    path, report = _stacker(ctx, name, members, logits, config)
     kind, num_classes = StackerKind(report["kind"]), len(ctx.inputs.checkpoint.class_names)
     session = StackerSession(path, None, kind, len(members) * num_classes, num_classes)
     record = Ensemble(

@@ -1,4 +1,8 @@
-"""The table people look at after a build: every rung, ensemble and cascade, with the Pareto front marked."""
+"""The table people look at after a build: every rung, ensemble and cascade, with the Pareto front marked.
+
+Rungs and ensembles show their measured batch-1 p50 and p99; stage cascades their expected mean (exit shares
+on val times stage p50s); member cascades their mean and p99 measured end to end over the test split.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +34,14 @@ def ladder_table(ladder: Ladder) -> str:
             f"  {c.name:<34} {c.val_accuracy:>7.2%} {c.test_accuracy:>7.2%} {c.expected_mean_ms:>10.3f} "
             f"{'':>8} {'':>8} {'':>6}  exit shares {shares}, last exit {c.test_last_exit_accuracy:.2%}"
         )
+    for m in ladder.member_cascades:
+        shares = "/".join(f"{s:.2f}" for s in m.test_exit_share)
+        mark = " " if m.dominated else FRONT
+        lines.append(
+            f"{mark} {m.name:<34} {m.val_accuracy:>7.2%} {m.test_accuracy:>7.2%} {m.test_mean_ms:>10.3f} "
+            f"{m.test_p99_ms:>8.3f} {'':>8} {'':>6}  measured mean on test; answered after each member {shares}"
+            + (f", dominated by {m.dominated_by}" if m.dominated else "")
+        )
     front = sum(not r.dominated for r in ladder.rungs) + sum(not e.dominated for e in ladder.ensembles)
     lines.append(f"{FRONT} on the accuracy/latency front ({front} of {len(ladder.rungs) + len(ladder.ensembles)})")
     if ladder.probe is not None:
@@ -44,7 +56,8 @@ def summary(ladder: Ladder, out: str) -> str:
     tried = len(ladder.ensemble_search)
     return (
         f"wrote {out}/ladder.json: {len(ladder.rungs)} rungs, {len(ladder.stages)} stages, "
-        f"{len(ladder.cascades)} cascades, {len(ladder.ensembles)} ensembles ({tried} sets tried) "
+        f"{len(ladder.cascades)} cascades, {len(ladder.ensembles)} ensembles ({tried} sets tried), "
+        f"{len(ladder.member_cascades)} member cascades "
         f"in {ladder.build_seconds:.0f} s ({ladder.build_steps.get('ran', 0):.0f} steps run, "
         f"{ladder.build_steps.get('skipped', 0):.0f} cached)"
     )

@@ -3,6 +3,7 @@ search and the step cache."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -232,11 +233,14 @@ def test_python_m_engines_build_takes_the_build_options() -> None:
         parser.parse_args(["--precisions", "fp64"])
 
 
-def test_anytime_build_help_lists_the_build_options() -> None:
+def test_python_m_engines_build_and_anytime_build_are_one_command() -> None:
     import subprocess
     import sys
 
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "anytime"), "build", "--help"], capture_output=True, text=True, check=True
-    ).stdout
-    assert "--precisions" in out and "--all-precisions" in out and "--members" in out and "--runs" in out
+    def options(argv: list[str]) -> list[str]:
+        out = subprocess.run([*argv, "--help"], capture_output=True, text=True, check=True).stdout
+        return sorted(set(re.findall(r"--[a-z][a-z-]+", out)))
+
+    module = options([sys.executable, "-m", "engines.build"])
+    assert {"--precisions", "--all-precisions", "--members", "--runs", "--out"} <= set(module)
+    assert module == options([str(Path(sys.executable).parent / "anytime"), "build"])
