@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     shed_after_ms: float = Field(
         2.0, gt=0, description="while the event loop is this far behind, new classify requests are refused 503"
     )
+    shed_min_connections: int = Field(
+        16, ge=0, description="no shedding with this many connections open or fewer (they bound what is in flight)"
+    )
     access_log: bool = Field(False, description="one log line per request (off: it costs more than a fast rung)")
     log_format: LogFormat = Field("text", description="text lines, or one JSON object a line")
     # Security (service/auth.py): without a key every route is open, as on a trusted network.
