@@ -16,7 +16,7 @@ import pytest
 
 from loadtest.harness import running_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a real server process, hundreds of generated requests
 
 CONFIG = Path(__file__).parent / "schemathesis.toml"
 EXAMPLES = int(os.environ.get("ANYTIME_FUZZ_EXAMPLES", "15"))  # per operation; raise it for a longer hunt

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.manifest import Ladder
+from engines.manifest import Ladder, load_ladder
 from loadtest.harness import free_port, running_server
 from models.data import FashionMNIST, PreprocessSpec
 from service.app import create_app
@@ -39,6 +39,18 @@ SETTINGS_ENV = {
     "ANYTIME_KEEP_ALIVE_S": "1",
     "ANYTIME_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
 }
+
+
+# The front door's tests need the default ladder's slow rungs (a deadline one of them cannot meet, a batch that
+# is still running when its client leaves): this module is end to end.
+@pytest.fixture(scope="module")
+def ladder_dir(default_ladder_dir: Path) -> Path:
+    return default_ladder_dir
+
+
+@pytest.fixture(scope="module")
+def ladder(ladder_dir: Path) -> Ladder:
+    return load_ladder(ladder_dir)
 
 
 @pytest.fixture(scope="module")
@@ -340,14 +352,13 @@ def test_clients_that_leave_are_counted_not_errors(
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         after = {w: _metric(client, "anytime_disconnects_total", where=w) for w in before}
-        if (
-            after["receive"] > before["receive"]
-            and after["queued"] + after["running"] >= before["queued"] + before["running"] + 3
-        ):
+        if after["receive"] > before["receive"] and sum(after.values()) >= sum(before.values()) + 4:
             break
         time.sleep(0.1)
+    # Each of the four is counted once, wherever it was when its client left (a busy machine may still have
+    # been reading a batch's body: then it counts as `receive`).
     assert after["receive"] > before["receive"]
-    assert after["queued"] + after["running"] >= before["queued"] + before["running"] + 3
+    assert sum(after.values()) >= sum(before.values()) + 4, (before, after)
     deadline = time.monotonic() + 10
     while _metric(client, "anytime_queue_depth") > 0 and time.monotonic() < deadline:
         time.sleep(0.05)

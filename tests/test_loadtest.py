@@ -250,6 +250,7 @@ def test_short_real_run_writes_records_and_summary(ladder_dir: Path, tmp_path: P
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # real servers (Anytime and the baseline) under load, every policy
 def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fmnist: FashionMNIST) -> None:
     config = SweepConfig(
         ladder=ladder_dir,

@@ -31,9 +31,14 @@ from tests.conftest import last_exit
 pytestmark = pytest.mark.slow
 
 
+# The planner's safety margin for this module's server: 1 ms, so that a 1 ms deadline is infeasible for every
+# rung, even the tiny ladder's 0.05 ms ones.
+MARGIN_MS = 1.0
+
+
 @pytest.fixture(scope="module")
 def server(ladder_dir: Path) -> Iterator[str]:
-    with running_server(ladder_dir) as url:
+    with running_server(ladder_dir, ANYTIME_SAFETY_MARGIN_MS=str(MARGIN_MS)) as url:
         yield url
 
 
@@ -68,7 +73,7 @@ def test_loose_deadline_gets_the_most_accurate_answer(
 def test_tight_deadline_gets_a_fast_rung_on_time(
     client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
-    margin = Settings.model_fields["safety_margin_ms"].default
+    margin = MARGIN_MS
     candidates = [r for r in [*ladder.rungs, *ladder.ensembles] if not r.dominated]
     # Planning: a deadline the most accurate rung cannot meet goes to a faster one.
     best = max(candidates, key=lambda r: r.val_accuracy)
@@ -91,6 +96,7 @@ def test_impossible_deadline_is_refused_at_once(
     client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
     slowest = max(ladder.rungs, key=lambda r: r.profile(1).p99_ms)
+    assert slowest.profile(1).p99_ms + MARGIN_MS > 1  # no plan for it fits in 1 ms
     start = time.perf_counter()
     response = _classify(client, test_images[0][0], 1, policy="fixed", rung=slowest.name)
     elapsed_ms = (time.perf_counter() - start) * 1e3
@@ -101,11 +107,14 @@ def test_impossible_deadline_is_refused_at_once(
 def test_best_effort_answers_late_and_says_so(
     client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
+    """No plan fits 1 ms (its p99 plus this server's 1 ms margin): best effort answers anyway, and says whether
+    the answer was in time (on the tiny ladder it may be: the margin, not the rung, made the plan infeasible)."""
     slowest = max(ladder.rungs, key=lambda r: r.profile(1).p99_ms)
-    body = _classify(
-        client, test_images[0][0], 1, policy="fixed", rung=slowest.name, on_infeasible="best_effort"
-    ).json()
-    assert body["rung"] == slowest.name and body["deadline_met"] is False
+    assert slowest.profile(1).p99_ms + MARGIN_MS > 1
+    response = _classify(client, test_images[0][0], 1, policy="fixed", rung=slowest.name, on_infeasible="best_effort")
+    body = response.json()
+    assert response.status_code == 200 and body["rung"] == slowest.name
+    assert body["deadline_met"] is (body["latency_ms"] <= body["deadline_ms"] == 1)
 
 
 def test_cascade_stops_on_confident_exits(
@@ -163,7 +172,9 @@ def _concurrent_run(server: str, test_images: tuple[np.ndarray, np.ndarray]) -> 
         if r.status_code == 200:
             assert body["deadline_met"] is True and 0 < body["latency_ms"] <= body["deadline_ms"]
         else:
-            assert body["code"] in {"queue_full", "deadline_infeasible", "deadline_expired", "overloaded"}
+            # Not "overloaded": eight clients that wait for their answers hold eight connections, under the
+            # shedding floor (ANYTIME_SHED_MIN_CONNECTIONS); before it, 2-11 % of 50 ms requests were shed.
+            assert body["code"] in {"queue_full", "deadline_infeasible", "deadline_expired"}, body
             late += "late_ms" in body
     assert late <= 60, f"{late} of 400 answers were ready only after their deadline"
     loose = [r.status_code for p, r in zip(payloads, results, strict=True) if p["deadline_ms"] == 50]
@@ -234,7 +245,11 @@ def test_batch_form(client: httpx.Client, test_images: tuple[np.ndarray, np.ndar
     r = client.post("/v1/classify/batch", json={"images": [png_base64(im) for im in images[:16]], "deadline_ms": 200})
     results = r.json()["results"]
     assert r.status_code == 200 and len(results) == 16
-    assert sum(res["label"] == int(y) for res, y in zip(results, labels[:16], strict=True)) >= 13
+    rung = results[0]["rung"]
+    assert {res["rung"] for res in results} == {rung}  # one plan for the batch
+    alone = [_classify(client, im, 5000, policy="fixed", rung=rung).json()["label"] for im in images[:16]]
+    assert [res["label"] for res in results] == alone  # each answer is its own image's, in order
+    assert sum(a == int(y) for a, y in zip(alone, labels[:16], strict=True)) >= 8  # and mostly right
 
 
 def test_ladder_endpoint_and_docs(client: httpx.Client, ladder: Ladder) -> None:
@@ -293,7 +308,8 @@ def test_auto_is_the_default_and_dominated_rungs_load_only_when_named(
 ) -> None:
     body = _classify(client, test_images[0][1], 5000).json()
     assert body["policy"] == "auto" and body["deadline_met"]
-    dominated = [r for r in ladder.rungs if r.dominated]
+    in_cascades = {m for c in ladder.member_cascades if not c.dominated for m in c.members}
+    dominated = [r for r in ladder.rungs if r.dominated and r.name not in in_cascades]  # served by no plan
     assert dominated, "the ladder has dominated rungs"
     loaded = client.get("/readyz").json()["engines"]
     assert loaded < len(ladder.rungs) + len(ladder.stages) + len(ladder.ensembles)
