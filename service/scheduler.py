@@ -75,7 +75,8 @@ class Scheduler:
         self.engines, self.planner, self.predictor = engines, planner, predictor
         self.max_queue, self.max_batch, self.margin_ms = max_queue, max_batch, margin_ms
         self.inline_max_ms = inline_max_ms
-        self.combiners = combiners or {}  # a member cascade's stackers, one per prefix of 2.. members
+        # The runtime's own dict, filled once its engines are loaded: `or {}` would swap an empty one for a copy.
+        self.combiners = combiners if combiners is not None else {}  # per member cascade, one per prefix
         self.metrics = metrics
         self._heap: list[tuple[float, int, Job]] = []
         self._seq = itertools.count()

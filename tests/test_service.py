@@ -317,3 +317,16 @@ def test_auto_is_the_default_and_dominated_rungs_load_only_when_named(
     body = _classify(client, test_images[0][1], 5000, policy="fixed", rung=named.name).json()
     assert body["rung"] == named.name and body["deadline_met"]  # loaded on first use, then answered
     assert client.get("/readyz").json()["engines"] == loaded + 1
+
+
+def test_a_member_cascade_answers_through_the_server(
+    client: httpx.Client, ladder: Ladder, test_images: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """Named with `fixed`, a member cascade runs its members in order and combines them; the answer names the
+    members that ran (the first always, the others only when the answer so far was not confident)."""
+    cascade = ladder.member_cascades[0]
+    bodies = [_classify(client, image, 5000, policy="fixed", rung=cascade.name).json() for image in test_images[0][:40]]
+    assert all(b["rung"] == cascade.name and b["deadline_met"] for b in bodies), bodies[0]
+    ran = [b["members"] for b in bodies]
+    assert all(r == cascade.members[: len(r)] and len(r) >= 1 for r in ran)
+    assert {len(r) for r in ran} - {1}, "some answers were unsure enough to call in the next member"
