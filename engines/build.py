@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import errno
 import os
 import sys
 import time
@@ -184,8 +185,25 @@ def _by_kind(graphs: list[Graph], kind: str) -> list[Graph]:
     return [g for g in graphs if g.kind == kind]
 
 
+# Errors of the disk or the directory rather than of the build: a full disk, a read-only or forbidden directory.
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
 def build_ladder(checkpoint: Path, out: Path, config: BuildConfig | None = None) -> Ladder:
-    config = config or BuildConfig()
+    """Build the ladder into `out`. The manifest is written last and atomically, so a build that fails leaves
+    the previous `ladder.json` (if any) in place, and the sha256 checks refuse any of its files that changed."""
+    try:
+        return _build(checkpoint, out, config or BuildConfig())
+    except OSError as e:
+        if e.errno not in DISK_ERRORS:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        raise BuildError(
+            f"cannot write the ladder to {out}: {e.strerror or e}{where}; no new ladder.json was written"
+        ) from e
+
+
+def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     start = time.perf_counter()
     ctx = open_context(checkpoint, out, config)
     profile = config.profile()

@@ -250,8 +250,11 @@ class Ladder(_Model):
     def save(self, directory: Path) -> Path:
         path = Path(directory) / MANIFEST_NAME
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.model_dump_json(indent=2))
-        tmp.replace(path)  # a reader never sees half a manifest
+        try:
+            tmp.write_text(self.model_dump_json(indent=2))
+            tmp.replace(path)  # a reader never sees half a manifest
+        finally:
+            tmp.unlink(missing_ok=True)  # a full disk leaves no partial file behind
         return path
 
 
