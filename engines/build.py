@@ -99,7 +99,7 @@ class BuildConfig:
     # most this % of val; up to this many members; the most accurate few on the front are kept.
     member_bound_pp: float = 0.1
     max_members: int = 3
-    member_cascades_kept: int = 3
+    member_cascades_kept: int = 5
 
     def profile(self) -> ProfileConfig:
         return ProfileConfig(
@@ -349,6 +349,13 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         help="member cascades: %% of val answers that may differ from running every member (default: %(default)s)",
     )
     p.add_argument(
+        "--member-cascades",
+        type=_positive,
+        default=BuildConfig.member_cascades_kept,
+        help="member cascades kept: the most accurate on val of the val accuracy / expected cost front "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--members",
         type=Path,
         nargs="*",
@@ -381,6 +388,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         min_runs=args.min_runs,
         accuracy_bound_pp=args.bound_pp,
         member_bound_pp=args.member_bound_pp,
+        member_cascades_kept=args.member_cascades,
         data=args.data,
         progress=not args.quiet,
         members=members,

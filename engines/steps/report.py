@@ -6,7 +6,7 @@ on val times stage p50s); member cascades their mean and p99 measured end to end
 
 from __future__ import annotations
 
-from engines.manifest import Ensemble, Ladder, Rung
+from engines.manifest import Ensemble, Ladder, MemberCascade, Rung
 
 FRONT = "*"  # on the accuracy/latency front: no other rung or ensemble is as accurate and no slower
 
@@ -42,8 +42,12 @@ def ladder_table(ladder: Ladder) -> str:
             f"{m.test_p99_ms:>8.3f} {'':>8} {'':>6}  measured mean on test; answered after each member {shares}"
             + (f", dominated by {m.dominated_by}" if m.dominated else "")
         )
-    front = sum(not r.dominated for r in ladder.rungs) + sum(not e.dominated for e in ladder.ensembles)
-    lines.append(f"{FRONT} on the accuracy/latency front ({front} of {len(ladder.rungs) + len(ladder.ensembles)})")
+    options: list[Rung | Ensemble | MemberCascade] = [*ladder.rungs, *ladder.ensembles, *ladder.member_cascades]
+    front = sum(not o.dominated for o in options)
+    lines.append(
+        f"{FRONT} on the accuracy/latency front ({front} of {len(options)} rungs, ensembles and member cascades; "
+        "a member cascade by its measured mean)"
+    )
     if ladder.probe is not None:
         for precision, reason in ladder.probe.reasons.items():
             verdict = "built" if precision in ladder.probe.built else "not built"
