@@ -143,11 +143,17 @@ class Planner:
     def _best_within(self, options: list[Option], budget_ms: float) -> Option | None:
         """The option worth most within the budget: accuracy at the depth that fits, then the cheaper."""
         best, best_key = None, None
+        predicted: dict[str, float] = {}  # options share engines: each is predicted once per plan
         for option in options:
-            depth = self.depth_within(option, budget_ms)
+            costs = []
+            for e in option.engines:
+                if e not in predicted:
+                    predicted[e] = self.predictor.predict(e)
+                costs.append(predicted[e])
+            depth = sum(1 for t in accumulate(costs) if t <= budget_ms)
             if depth == 0:
                 continue
-            key = (option.accuracy_by_depth[depth - 1], -self.predictor.predict(option.engines[0]))
+            key = (option.accuracy_by_depth[depth - 1], -costs[0])
             if best_key is None or key > best_key:
                 best, best_key = option, key
         return best

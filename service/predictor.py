@@ -48,13 +48,23 @@ class LatencyPredictor:
         self._slowdown: tuple[float, float] | None = None  # (when computed, factor)
         self._pooled_count = 0
         self._lock = threading.Lock()
+        self._tables = {"p50": self._prior_p50, "p90": self._prior_p90, "p99": self._prior}
+        self._interpolated: dict[tuple[str, str, int], float] = {}
 
-    def prior(self, engine: str, batch: int, points: list[tuple[int, float]] | None = None) -> float:
-        points = points or self._prior[engine]
-        xs, ys = [b for b, _ in points], [ms for _, ms in points]
-        if batch >= xs[-1]:
-            return ys[-1] * batch / xs[-1]  # beyond the largest profile: linear in batch size
-        return float(np.interp(batch, xs, ys))
+    def prior(self, engine: str, batch: int, percentile: str = "p99") -> float:
+        """The builder's profile at `batch` (p50, p90 or p99), interpolated; worked out once per key (np.interp
+        took most of a plan's time: auto weighs every option)."""
+        key = (percentile, engine, batch)
+        value = self._interpolated.get(key)
+        if value is None:
+            points = self._tables[percentile][engine]
+            xs, ys = [b for b, _ in points], [ms for _, ms in points]
+            if batch >= xs[-1]:
+                value = ys[-1] * batch / xs[-1]  # beyond the largest profile: linear in batch size
+            else:
+                value = float(np.interp(batch, xs, ys))
+            self._interpolated[key] = value
+        return value
 
     def _fresh(self, key: tuple[str, int]) -> bool:
         at = self._at.get(key)
@@ -67,12 +77,12 @@ class LatencyPredictor:
             if slowdown is not None and time.monotonic() - slowdown[0] <= HORIZON_S:
                 return self.prior(engine, batch) * slowdown[1]
             return self.prior(engine, batch)
-        tail = self.prior(engine, batch) / max(self.prior(engine, batch, self._prior_p90[engine]), 1e-6)
+        tail = self.prior(engine, batch) / max(self.prior(engine, batch, "p90"), 1e-6)
         return self._p90[key] * max(tail, 1.0)
 
     def profiled_p50(self, engine: str, batch: int = 1) -> float:
         """The builder's median, measured on an otherwise idle machine: what the engine itself costs."""
-        return self.prior(engine, batch, self._prior_p50[engine])
+        return self.prior(engine, batch, "p50")
 
     def observe(self, engine: str, batch: int, ms: float) -> float:
         """Record one service time; returns the prediction error (observed - predicted) in ms."""
@@ -82,7 +92,7 @@ class LatencyPredictor:
         with self._lock:
             samples = self._observed.setdefault(key, deque(maxlen=self._window))
             samples.append((now, ms))
-            self._pooled.append((now, ms, self.prior(engine, batch, self._prior_p90[engine])))
+            self._pooled.append((now, ms, self.prior(engine, batch, "p90")))
             count = self._count[key] = self._count.get(key, 0) + 1
             # Recomputing on every 10th sample keeps observe() cheap on the hot path.
             if count % 10 == 0:
