@@ -2,7 +2,8 @@
 # Mutation testing (a script, not CI): mutmut 2 mutates the planner and the scheduler, one mutant at a time,
 # in a throwaway git worktree (never this checkout), and runs the fast tests that exercise them:
 #   tests/test_scheduler.py (fake engines), tests/test_properties.py (hypothesis), tests/test_frontdoor_units.py
-# Prints mutmut's results and the kill rate. Takes 20-40 min on 2 cores. Usage: scripts/mutation.sh [FILES...]
+# Prints mutmut's results and the kill rate. Each mutant runs the tests (10-40 s on 2 cores), so a file of a few
+# hundred mutants takes an hour or more. Usage: [MUTATION_TESTS="tests/..."] scripts/mutation.sh [FILES...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -14,7 +15,8 @@ git worktree add --detach "$WORK/tree" HEAD >/dev/null
 .venv/bin/pip install -q --target "$LIB" mutmut==2.5.1 2>/dev/null
 cd "$WORK/tree"
 export PYTHONPATH="$WORK/tree:$LIB" PATH="$ROOT/.venv/bin:$PATH"
-RUNNER="python -m pytest -x -q -p no:cacheprovider tests/test_scheduler.py tests/test_properties.py tests/test_frontdoor_units.py"
+TESTS=${MUTATION_TESTS:-tests/test_scheduler.py tests/test_properties.py tests/test_frontdoor_units.py}
+RUNNER="python -m pytest -x -q -p no:cacheprovider $TESTS"
 for f in $FILES; do
   python -m mutmut run --paths-to-mutate "$f" --runner "$RUNNER" --tests-dir tests --no-progress --simple-output || true
 done
