@@ -10,7 +10,15 @@ import pytest
 
 from engines.base import Backend, EngineBase, Precision
 from engines.manifest import Artifact, Cascade, Ladder, LatencyProfile, MemberCascade, Rung, Stage
-from service.errors import DeadlineExpired, DeadlineInfeasible, InternalError, OutOfService, QueueFull, ShuttingDown
+from service.errors import (
+    DeadlineExpired,
+    DeadlineInfeasible,
+    InternalError,
+    OutOfService,
+    QueueFull,
+    ShuttingDown,
+    UnknownRung,
+)
 from service.planner import OnInfeasible, Plan, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job, Scheduler
@@ -301,6 +309,55 @@ def test_queued_work_that_no_longer_fits_is_settled_without_running_late(no_work
     assert batch == [moved] and moved.plan.engines == ["fast"]
     assert cascade in done and cascade.error is None and cascade.step == 1
     assert hopeless in done and isinstance(hopeless.error, DeadlineExpired) and hopeless.step == 0
+
+
+def test_policy_and_on_infeasible_names_are_the_apis() -> None:
+    # The wire values of `policy` and `on_infeasible` (requests, answers, metrics labels, OpenAPI enums).
+    assert [p.value for p in Policy] == ["auto", "cascade", "static", "fixed"]
+    assert [o.value for o in OnInfeasible] == ["reject", "best_effort"]
+
+
+def test_a_stage_cascade_without_recorded_depths_is_credited_only_whole() -> None:
+    # An older manifest has no val_accuracy_by_depth: a shorter run still answers, but is worth nothing to auto.
+    planner = _planner()
+    assert planner.options["cascade"].accuracy_by_depth == [0.0, 0.0, 0.9]
+    # Two stages fit but not three: auto takes the rung (0.8), not a partial cascade credited with nothing.
+    assert planner.plan(Policy.AUTO, 2 * STAGE_MS * 1.1 + 2.0, 0.0, OnInfeasible.REJECT).name == "fast"
+
+
+def _planner(ladder: Ladder | None = None) -> Planner:
+    ladder = ladder or _ladder()
+    return Planner(ladder, LatencyPredictor([*ladder.stages, *ladder.rungs]), margin_ms=1.0)
+
+
+def test_fits_and_depth_count_the_wait_every_engine_and_the_margin_up_to_the_boundary() -> None:
+    planner, p99 = _planner(), 1.1  # the fake profiles' p99 is 1.1x the p50
+    assert planner.fits(["fast"], time_left_ms=0.5 + p99 + 1.0, wait_ms=0.5)
+    assert not planner.fits(["fast"], time_left_ms=0.5 + p99 + 1.0 - 0.01, wait_ms=0.5)
+    assert not planner.fits(["fast", "fast"], time_left_ms=0.5 + p99 + 1.0, wait_ms=0.5)
+    stage = STAGE_MS * p99
+    cascade = planner.options["cascade"]
+    assert [planner.depth_within(cascade, b) for b in (stage - 0.01, stage, 2 * stage, 3 * stage + 5)] == [0, 1, 2, 3]
+
+
+def test_the_cascade_policy_takes_the_most_accurate_stage_cascade_that_fits_whole() -> None:
+    ladder = _ladder()
+    better = ladder.cascades[0].model_copy(update={"name": "better", "val_accuracy": 0.95})
+    worse = ladder.cascades[0].model_copy(update={"name": "worse", "val_accuracy": 0.85})
+    ladder.cascades = [worse, ladder.cascades[0], better]
+    planner = _planner(ladder)
+    assert planner.plan(Policy.CASCADE, 1000.0, 0.0, OnInfeasible.REJECT).name == "better"
+
+
+def test_fixed_names_an_option_or_is_refused_with_the_reason() -> None:
+    planner = _planner()
+    assert set(planner.rungs) == {"fast", "cascade"}
+    for name in (None, "nope"):
+        with pytest.raises(UnknownRung, match=r"unknown rung .*GET /v1/ladder"):
+            planner.plan(Policy.FIXED, 1000.0, 0.0, OnInfeasible.REJECT, name)
+    planner.take_out("fast")
+    with pytest.raises(OutOfService, match="rung fast is out of service"):
+        planner.plan(Policy.FIXED, 1000.0, 0.0, OnInfeasible.REJECT, "fast")
 
 
 def test_infeasible_plan_rejected_or_best_effort() -> None:
