@@ -19,7 +19,7 @@ from service.errors import (
     ShuttingDown,
     UnknownRung,
 )
-from service.planner import OnInfeasible, Plan, Planner, Policy
+from service.planner import OnInfeasible, Plan, PlanKind, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job, Scheduler
 
@@ -358,6 +358,51 @@ def test_fixed_names_an_option_or_is_refused_with_the_reason() -> None:
     planner.take_out("fast")
     with pytest.raises(OutOfService, match="rung fast is out of service"):
         planner.plan(Policy.FIXED, 1000.0, 0.0, OnInfeasible.REJECT, "fast")
+
+
+def test_auto_breaks_a_tie_in_accuracy_for_the_cheaper_first_step_and_fits_up_to_the_boundary() -> None:
+    cheap = _record(Rung, "cheap", 1.0, kind="exit", exit=1, val_accuracy=0.8, test_accuracy=0.8)
+    dear = _record(Rung, "dear", 2.0, kind="exit", exit=1, val_accuracy=0.8, test_accuracy=0.8)
+    for rungs in ([cheap, dear], [dear, cheap]):
+        planner = _planner(Ladder.model_construct(rungs=rungs, stages=[], cascades=[]))
+        assert planner.plan(Policy.AUTO, 1000.0, 0.0, OnInfeasible.REJECT).name == "cheap"
+        assert planner.plan(Policy.AUTO, 1.1 + 1.0, 0.0, OnInfeasible.REJECT).name == "cheap"  # p99 + margin, exactly
+        with pytest.raises(
+            DeadlineInfeasible, match=r"within 2\.09 ms: the fastest needs about 2\.10 ms \(queue 0\.00"
+        ):
+            planner.plan(Policy.AUTO, 2.09, 0.0, OnInfeasible.REJECT)
+
+
+def test_a_policy_whose_engines_all_failed_is_out_of_service() -> None:
+    planner = _planner()
+    planner.take_out("s1")
+    with pytest.raises(OutOfService, match="no cascade plan is in service"):
+        planner.plan(Policy.CASCADE, 1000.0, 0.0, OnInfeasible.REJECT)
+    assert planner.plan(Policy.AUTO, 1000.0, 0.0, OnInfeasible.REJECT).name == "fast"
+
+
+def test_the_cascade_policy_starts_a_cascade_whose_first_stage_fits_exactly() -> None:
+    planner, stage = _planner(), STAGE_MS * 1.1
+    assert planner.plan(Policy.CASCADE, stage + 1.0, 0.0, OnInfeasible.REJECT).name == "cascade"
+    with pytest.raises(DeadlineInfeasible):
+        planner.plan(Policy.CASCADE, stage + 1.0 - 0.01, 0.0, OnInfeasible.REJECT)
+
+
+def test_continue_cascade_gates_stages_on_entropy_and_members_on_top_probability() -> None:
+    planner, stage = _planner(), STAGE_MS * 1.1
+    stages = Plan(Policy.CASCADE, "cascade", ["s1", "s2", "s3"], [0.1, 0.9], kind=PlanKind.STAGES)
+    go = planner.continue_cascade
+    assert not go(stages, 1, 0.1, 1000.0, 0.0)  # entropy at the threshold: sure, stop
+    assert go(stages, 1, 0.5, 1000.0, 0.0)  # unsure, and the next stage fits
+    assert not go(stages, 2, 0.5, 1000.0, 0.0)  # step 2's own threshold (0.9): sure
+    assert not go(stages, 3, 5.0, 1000.0, 0.0)  # nothing left to run
+    assert go(stages, 1, 0.5, 0.5 + stage + 1.0, 0.5)  # the next stage fits exactly (queue + p99 + margin)
+    assert not go(stages, 1, 0.5, 0.5 + stage + 1.0 - 0.01, 0.5)
+    late = Plan(Policy.CASCADE, "cascade", ["s1", "s2", "s3"], [0.1, 0.9], feasible=False, kind=PlanKind.STAGES)
+    assert go(late, 1, 0.5, 0.0, 0.0)  # best effort goes on whatever the time
+    members = Plan(Policy.AUTO, "m", ["s1", "s2"], [0.9], kind=PlanKind.MEMBERS)
+    assert not go(members, 1, 0.9, 1000.0, 0.0)  # top probability at the threshold: sure, stop
+    assert go(members, 1, 0.5, 1000.0, 0.0)
 
 
 def test_infeasible_plan_rejected_or_best_effort() -> None:
