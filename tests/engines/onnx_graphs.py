@@ -8,6 +8,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from calibration.data import CalibrationSet
+from engines.steps.int8_calibrator import Int8Calibration
+from models.data import Split
+from models.preprocess import PreprocessSpec
+
 ITEM_SHAPE = (1, 4, 4)
 
 
@@ -65,3 +70,12 @@ def tiny_graph(path: Path, quantized: bool = False) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def tiny_calibration(directory: Path, samples: int = 40, batch: int = 10) -> Int8Calibration:
+    """Calibration data for `tiny_graph` (random images, normalized as a model's would be) and a cache path."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (samples, *ITEM_SHAPE[1:]), dtype=np.uint8)
+    split = Split("calib", images, np.zeros(samples, np.int64), np.arange(samples), "tiny")
+    spec = PreprocessSpec(ITEM_SHAPE, "float32", (0.5,), (0.25,))
+    return Int8Calibration(CalibrationSet(split, spec, samples, batch_size=batch), directory / "calib" / "tiny.cache")

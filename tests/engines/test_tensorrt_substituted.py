@@ -15,15 +15,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from calibration.data import CalibrationSet
 from engines.backends.tensorrt import TensorRTEngine
 from engines.base import ArtifactError, Backend, BackendUnavailable, Precision, sha256_file
-from engines.steps.int8_calibrator import Int8Calibration
 from engines.steps.plan_rungs import choose_backend
 from engines.steps.plans import build_plan
-from models.data import Split
-from models.preprocess import PreprocessSpec
-from tests.engines.onnx_graphs import ITEM_SHAPE, tiny_graph
+from tests.engines.onnx_graphs import ITEM_SHAPE, tiny_calibration, tiny_graph
 from tests.fakes import tensorrt as fake_trt
 from tests.fakes.gpu import GPU_NAME, substitute
 
@@ -110,19 +106,11 @@ def test_int8_from_the_qdq_file_on_tensorrt_10_substituted(gpu: None, onnx_path:
         build_plan(onnx_path, tmp_path / "fp32-as-int8.plan", Precision.INT8)
 
 
-def _calibration(tmp_path: Path, samples: int = 40, batch: int = 10) -> Int8Calibration:
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (samples, 4, 4), dtype=np.uint8)
-    split = Split("calib", images, np.zeros(samples, np.int64), np.arange(samples), "test")
-    spec = PreprocessSpec((1, 4, 4), "float32", (0.5,), (0.25,))
-    return Int8Calibration(CalibrationSet(split, spec, samples, batch_size=batch), tmp_path / "calib" / "tiny.cache")
-
-
 def test_int8_through_the_entropy_calibrator_on_tensorrt_8_substituted(
     monkeypatch: pytest.MonkeyPatch, onnx_path: Path, tmp_path: Path
 ) -> None:
     _substitute(monkeypatch, version="8.6.1")
-    calibration = _calibration(tmp_path)
+    calibration = tiny_calibration(tmp_path)
     plan = build_plan(onnx_path, tmp_path / "tiny.int8.plan", Precision.INT8, calibration=calibration)
     header = _header(plan)
     assert header["flags"] == ["FP16", "INT8", "TF32"] and header["qdq"] is False

@@ -104,7 +104,7 @@ def _shape(value_info: Any) -> tuple[int, ...]:
 
 class OnnxParser:
     def __init__(self, network: _Network, logger: Logger) -> None:
-        self.network, self.errors = network, []
+        self.network, self.errors = network, list[str]()
 
     def parse_from_file(self, path: str) -> bool:
         if _major() < 10 and not self.network.flags & 1:
