@@ -47,6 +47,7 @@ class Engine(Protocol):
     output_names: list[str]
     path: Path | None
     concurrent: bool  # `run` may be called from two threads at once
+    max_batch: int | None  # the largest batch `run` takes (a TensorRT plan's profile); None: any
 
     def run(self, x: np.ndarray) -> list[np.ndarray]: ...
 
@@ -70,6 +71,7 @@ class EngineBase(ABC):
     path: Path | None = None
     input_shape: tuple[int, ...] = ()  # one item's shape, without the batch axis
     concurrent: bool = False  # `run` may be called from two threads at once
+    max_batch: int | None = None  # the largest batch `run` takes; None: any
 
     @abstractmethod
     def run(self, x: np.ndarray) -> list[np.ndarray]:

@@ -7,7 +7,13 @@ changed does no work:
 
     cut search -> graphs -> export (process pool) -> calibration method -> INT8 (process pool)
     -> probe (which optional precisions pay) -> FP32 rungs -> cut front -> other rungs and members
-    -> cascades -> ensemble search, stackers -> Pareto marks -> ladder.json -> rung table
+    -> cascades -> [TensorRT plans, their rungs and cascades] -> ensemble search, stackers -> Pareto marks
+    -> ladder.json -> rung table
+
+With `backend=tensorrt` (`--backend tensorrt`, or `auto` on a machine with TensorRT and a GPU) the ONNX
+Runtime ladder is built as always (calibration, the cut search and the ensembles rest on it) and FP32, FP16
+and INT8 plans of every rung and stage are added (engines/steps/plan_rungs.py); the planner serves whichever
+is faster at a request's deadline.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from engines.steps.graphs import (
 from engines.steps.measure import ProfileConfig, machine_info
 from engines.steps.member_cascades import MemberCascadeConfig, build_member_cascades
 from engines.steps.pareto import keep_pareto_cuts, keep_pareto_ensembles
+from engines.steps.plan_rungs import PlanConfig, build_plans, choose_backend, plan_rungs
 from engines.steps.probe import RULE, ProbeConfig, built_precisions, run_probe
 from engines.steps.report import ladder_table, summary
 from engines.steps.rungs import make_rung
@@ -100,6 +107,7 @@ class BuildConfig:
     member_bound_pp: float = 0.1
     max_members: int = 3
     member_cascades_kept: int = 5
+    backend: Backend = Backend.ONNXRUNTIME  # TENSORRT: add TensorRT plan rungs and cascades (needs a GPU)
 
     def profile(self) -> ProfileConfig:
         return ProfileConfig(
@@ -129,6 +137,9 @@ class BuildConfig:
             starts=self.ensemble_starts,
             stackers=self.stackers,
         )
+
+    def plans(self) -> PlanConfig:
+        return PlanConfig(batch_sizes=tuple(self.batch_sizes), calib_samples=self.calib_samples)
 
     def probe(self) -> ProbeConfig:
         return ProbeConfig()
@@ -165,7 +176,7 @@ def _export(ctx: BuildContext, graphs: list[Graph], evals: Background) -> None:
 
 
 def _chain(ctx: BuildContext, stages: list[Graph], kind: EngineKind) -> list[tuple[Path, Backend, Precision]]:
-    return [(ctx.out / g.file(kind.file), kind.backend, kind.precision) for g in stages]
+    return [(ctx.out / kind.artifact(g), kind.backend, kind.precision) for g in stages]
 
 
 class _Phases:
@@ -205,6 +216,7 @@ def build_ladder(checkpoint: Path, out: Path, config: BuildConfig | None = None)
 
 def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     start = time.perf_counter()
+    choose_backend(config.backend)  # a TensorRT build without TensorRT or a GPU stops here, before any work
     ctx = open_context(checkpoint, out, config)
     profile = config.profile()
     phases = _Phases(ctx, start)
@@ -259,6 +271,15 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
         cascades.append(cascade)
     phases.done("cascades")
 
+    target: dict[str, str] = {}
+    if config.backend is Backend.TENSORRT:
+        target = build_plans(ctx, stages + answering + members, config.plans())
+        plans, plan_stages, plan_cascades = plan_rungs(ctx, answering + members, stages, profile, config.cascade())
+        rungs = sorted(rungs + plans, key=lambda r: (KIND_ORDER[r.kind], r.name))
+        stage_records += plan_stages
+        cascades += plan_cascades
+        phases.done("tensorrt")
+
     measured, pruned = build_ensembles(ctx, rungs, exits[-1].name, config.ensembles(), profile)
     ensembles, tried = keep_pareto_ensembles(rungs, measured, pruned)
     phases.done("ensembles")
@@ -278,8 +299,12 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
         splits=ctx.inputs.checkpoint.splits,
         threads=config.threads,
         measuring=config.measuring_key(),
-        machine=machine_info(),
-        software={**ctx.versions, **(stacker_versions() if ensembles else {})},
+        machine={**machine_info(), **({"gpu": target["gpu"]} if target else {})},
+        software={
+            **ctx.versions,
+            **(stacker_versions() if ensembles else {}),
+            **({"tensorrt": target["tensorrt"], "cuda": target["cuda"]} if target else {}),
+        },
         calibration=calibration,
         cut_search=CutSearch(steps=path, kept=kept),
         stages=stage_records,
@@ -341,6 +366,12 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         "their p99 is stable (engines/steps/measure.py)",
     )
     p.add_argument("--min-runs", type=_positive, default=BuildConfig.min_runs, help="the fewest (default: %(default)s)")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=BuildConfig.max_seconds,
+        help="a latency profile stops after this long once past --min-runs (default: %(default)s)",
+    )
     p.add_argument("--bound-pp", type=float, default=0.5, help="cascade accuracy bound vs the last exit (pp)")
     p.add_argument(
         "--member-bound-pp",
@@ -370,6 +401,14 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         "finds can pay on this machine)",
     )
     precisions.add_argument("--all-precisions", action="store_true", help="build FP32, INT8, BF16 and FP16")
+    p.add_argument(
+        "--backend",
+        choices=["onnxruntime", "tensorrt", "auto"],
+        default="onnxruntime",
+        help="onnxruntime: CPU engines only; tensorrt: also FP32, FP16 and INT8 TensorRT plans of every rung and "
+        "cascade stage (needs TensorRT and an NVIDIA GPU); auto: tensorrt where both are here, else onnxruntime "
+        "(default: %(default)s)",
+    )
     p.add_argument("--workers", type=_positive, default=default_workers(), help="processes for export and calibration")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -380,12 +419,16 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
     if missing:
         raise BuildError(f"no checkpoint at {', '.join(missing)}")
     precisions = tuple(Precision) if args.all_precisions else args.precisions
+    backend, reason = choose_backend(args.backend)  # before any work: a missing GPU is one line, exit 2
+    if args.backend == "auto":
+        print(f"backend {reason}", file=sys.stderr)
     return BuildConfig(
         threads=args.threads,
         calib_samples=args.calib_samples,
         calib_method=CalibrationMethod(args.calib_method) if args.calib_method else None,
         runs=args.runs,
         min_runs=args.min_runs,
+        max_seconds=args.max_seconds,
         accuracy_bound_pp=args.bound_pp,
         member_bound_pp=args.member_bound_pp,
         member_cascades_kept=args.member_cascades,
@@ -394,6 +437,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         members=members,
         precisions=precisions,
         workers=args.workers,
+        backend=backend,
     )
 
 

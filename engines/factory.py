@@ -11,9 +11,17 @@ from engines.manifest import EngineRecord, Ensemble, Ladder, Rung
 
 
 def open_engine(
-    backend: Backend, path: Path, precision: Precision, threads: int = 2, sha256: str | None = None
+    backend: Backend,
+    path: Path,
+    precision: Precision,
+    threads: int = 2,
+    sha256: str | None = None,
+    source_sha256: str | None = None,
 ) -> Engine:
-    """Load `path` with `backend`; raises BackendUnavailable when that backend cannot run here."""
+    """Load `path` with `backend`; raises BackendUnavailable when that backend cannot run here.
+
+    `source_sha256`: for a TensorRT plan, the ONNX file it must have been built from (its sidecar says).
+    """
     backend = Backend(backend)
     if backend is Backend.ONNXRUNTIME:
         from engines.backends.onnxruntime import OnnxRuntimeEngine
@@ -26,7 +34,7 @@ def open_engine(
     if backend is Backend.TENSORRT:
         from engines.backends.tensorrt import TensorRTEngine
 
-        return TensorRTEngine(path, sha256=sha256)
+        return TensorRTEngine(path, onnx_sha256=source_sha256, sha256=sha256)
     raise ValueError(f"backend {backend} has no engine file to open (the torch engine wraps a live model)")
 
 
@@ -37,7 +45,14 @@ def open_ensemble(
     members = [rungs[name] for name in record.members]
     per_member = max(1, threads // len(members))
     engines = [
-        open_engine(r.backend, Path(directory) / r.artifact.path, r.precision, per_member, r.artifact.sha256)
+        open_engine(
+            r.backend,
+            Path(directory) / r.artifact.path,
+            r.precision,
+            per_member,
+            r.artifact.sha256,
+            r.plan.source.sha256 if r.plan is not None else None,
+        )
         for r in members
     ]
     stacker = StackerSession(
@@ -56,4 +71,5 @@ def open_record(directory: Path, ladder: Ladder, record: EngineRecord, threads: 
         rungs = {r.name: r for r in ladder.rungs}
         return open_ensemble(directory, record, rungs, len(ladder.class_names), threads)
     path = Path(directory) / record.artifact.path
-    return open_engine(record.backend, path, record.precision, threads, record.artifact.sha256)
+    source = record.plan.source.sha256 if record.plan is not None else None
+    return open_engine(record.backend, path, record.precision, threads, record.artifact.sha256, source)

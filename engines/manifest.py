@@ -33,6 +33,21 @@ class Artifact(_Model):
     bytes: int
 
 
+class PlanInfo(_Model):
+    """What a TensorRT plan was built from and for: it runs only with this TensorRT version on this GPU model."""
+
+    source: Artifact  # the ONNX file TensorRT parsed
+    tensorrt_version: str
+    cuda_version: str
+    gpu_name: str
+    compute_capability: str
+    min_batch: int  # the optimisation profile: batches the plan takes, and the one its kernels were tuned for
+    opt_batch: int
+    max_batch: int
+    int8: Literal["qdq", "entropy_calibrator"] | None = None  # how an INT8 plan was quantized
+    latency_clock: Literal["cuda_events"] = "cuda_events"  # profiles: GPU time from copy in to copy out
+
+
 class EngineRecord(_Model):
     """What one engine file is and what it measured; shared by rungs and cascade stages."""
 
@@ -45,6 +60,8 @@ class EngineRecord(_Model):
     profiles: list[LatencyProfile]
     macs: int
     peak_memory_bytes: int  # resident-set growth while loading the engine and running batch 32
+    max_batch: int | None = None  # the largest batch the engine takes (the scheduler caps batches to it); None: any
+    plan: PlanInfo | None = None  # TensorRT rungs and stages only
 
     def profile(self, batch: int) -> LatencyProfile:
         """The profile at `batch`, or the smallest measured batch above it (conservative)."""

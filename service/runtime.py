@@ -13,7 +13,7 @@ from pathlib import Path
 from engines.base import Engine
 from engines.ensemble import StackerKind, StackerSession, member_features, soft_vote
 from engines.factory import open_record
-from engines.manifest import MANIFEST_NAME, EngineRecord, Ladder, MemberCascade, load_ladder
+from engines.manifest import MANIFEST_NAME, EngineRecord, Ensemble, Ladder, MemberCascade, load_ladder
 from models.preprocess import PreprocessSpec
 from service.auth import ApiKey
 from service.config import Settings
@@ -55,6 +55,7 @@ class Runtime:
             metrics,
             settings.inline_max_ms,
             self.combiners,
+            {name: cap for name in self.records if (cap := self.batch_cap(name)) is not None},
         )
         # Large images and bodies are decoded here, off the event loop (service/images.py says what is large).
         self.decoder = ThreadPoolExecutor(1, thread_name_prefix="anytime-decode")
@@ -63,6 +64,14 @@ class Runtime:
         self._closing = threading.Event()
         self._loader: threading.Thread | None = None
         self._loading: dict[str, asyncio.Future[None]] = {}  # dominated rungs being loaded on request
+
+    def batch_cap(self, name: str) -> int | None:
+        """The most items one run of an engine takes, from the manifest (an ensemble's: its members' least)."""
+        record = self.records[name]
+        if isinstance(record, Ensemble):
+            caps = [c for m in record.members if (c := self.batch_cap(m)) is not None]
+            return min(caps) if caps else record.max_batch
+        return record.max_batch
 
     def load_in_background(self) -> None:
         self._loader = threading.Thread(target=self.load, name="anytime-load", daemon=True)
@@ -90,7 +99,8 @@ class Runtime:
 
     def _open(self, name: str) -> None:
         engine = open_record(Path(self.settings.ladder), self.ladder, self.records[name], self.threads)
-        engine.warmup((1, 8), runs=self.settings.warmup_runs)
+        cap = self.batch_cap(name) or 8
+        engine.warmup(tuple(sorted({1, min(8, cap)})), runs=self.settings.warmup_runs)
         self.engines[name] = engine
 
     def _combiner(self, cascade: MemberCascade, j: int) -> Combiner:

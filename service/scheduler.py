@@ -71,6 +71,7 @@ class Scheduler:
         metrics: object | None = None,
         inline_max_ms: float = 0.0,
         combiners: dict[str, list[Combiner]] | None = None,
+        batch_caps: dict[str, int] | None = None,
     ) -> None:
         self.engines, self.planner, self.predictor = engines, planner, predictor
         self.max_queue, self.max_batch, self.margin_ms = max_queue, max_batch, margin_ms
@@ -78,6 +79,8 @@ class Scheduler:
         # The runtime's own dict, filled once its engines are loaded: `or {}` would swap an empty one for a copy.
         self.combiners = combiners if combiners is not None else {}  # per member cascade, one per prefix
         self.metrics = metrics
+        # Engines that take at most so many items a run (a TensorRT plan's optimisation profile), by name.
+        self.batch_caps = batch_caps or {}
         self._heap: list[tuple[float, int, Job]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
@@ -118,15 +121,21 @@ class Scheduler:
     def wait_ms(self, deadline: float) -> float:
         """Predicted queueing delay for a job due at `deadline`: the running batch, then earlier-due items.
 
-        Queued items of one engine run together, so they are counted as batches of up to max_batch.
+        Queued items of one engine run together, so they are counted as batches of up to its batch limit.
         """
         with self._cond:
             running = max(0.0, self._busy_until - time.monotonic()) * 1e3
             if not self._heap:
                 return running
             ahead = Counter(j.plan.engines[j.step] for d, _, j in self._heap if d <= deadline)
-        full = self.max_batch
-        return running + sum(self.predictor.predict(e, min(n, full)) * math.ceil(n / full) for e, n in ahead.items())
+        return running + sum(
+            self.predictor.predict(e, min(n, self.batch_limit(e))) * math.ceil(n / self.batch_limit(e))
+            for e, n in ahead.items()
+        )
+
+    def batch_limit(self, engine: str) -> int:
+        """The most items one run of `engine` takes: max_batch, or less where the engine's profile stops."""
+        return min(self.max_batch, self.batch_caps.get(engine, self.max_batch))
 
     def depth(self) -> int:
         return self._jobs
@@ -287,8 +296,9 @@ class Scheduler:
         if not mates:
             return
         chosen = []
+        limit = self.batch_limit(engine)
         for entry in sorted(mates):
-            if len(batch) >= self.max_batch:
+            if len(batch) >= limit:
                 break
             members = [*batch, entry[2]]
             ms = self.predictor.predict(engine, len(members)) + self.margin_ms

@@ -163,6 +163,30 @@ def test_same_stage_items_are_batched(setup) -> None:  # type: ignore[no-untyped
     assert max(engines["s1"].batches) == 3  # the three that queued behind the first ran as one batch
 
 
+def test_batches_stop_at_the_engines_cap() -> None:
+    """A plan's profile ends at its max batch: the scheduler never hands it more, whatever max_batch allows."""
+    scheduler, planner, engines = _setup()
+    scheduler.batch_caps = {"s1": 2}
+    assert (scheduler.batch_limit("s1"), scheduler.batch_limit("s2")) == (2, 4)
+    scheduler.start()
+    try:
+        done: list[Job] = []
+        blocker = _job(planner, Policy.CASCADE, 5000, done)
+        scheduler.submit(blocker)
+        while blocker.started is None:
+            time.sleep(0.0005)
+        for _ in range(5):
+            scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))
+        deadline = time.monotonic() + 5
+        while len(done) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(done) == 6 and all(j.error is None for j in done)
+        # Five queued behind the first: without the cap they would have run as batches of max_batch (4).
+        assert max(engines["s1"].batches) == 2 and sum(engines["s1"].batches) == 6
+    finally:
+        scheduler.stop()
+
+
 def test_cascade_stops_early_when_time_runs_out(setup) -> None:  # type: ignore[no-untyped-def]
     scheduler, planner, _ = setup
     done: list[Job] = []

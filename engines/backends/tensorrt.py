@@ -1,8 +1,8 @@
-"""TensorRT (>= 10) backend: run a plan on an NVIDIA GPU (plans are built by engines/steps/plans.py).
+"""TensorRT (8.6 or 10.x) backend: run a plan on an NVIDIA GPU (plans are built by engines/steps/plans.py).
 
 `tensorrt` and CUDA are touched only inside functions, so this module imports on a CPU-only machine;
-there every entry point raises `BackendUnavailable`. Device buffers are torch CUDA tensors, so no
-pycuda / cuda-python is needed.
+there every entry point raises `BackendUnavailable`. The CUDA calls (buffers, stream, events) go through
+engines/backends/cuda.py.
 
 A plan only runs on the TensorRT version and the GPU model that built it, so the plan step writes a sidecar
 JSON next to the plan, and `TensorRTEngine` refuses a plan whose sidecar names another version or GPU.
@@ -16,10 +16,11 @@ import json
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from engines.backends import cuda
 from engines.base import (
     ArtifactError,
     Backend,
@@ -29,10 +30,13 @@ from engines.base import (
     verify_artifact,
 )
 
-if TYPE_CHECKING:
-    import torch
+# JetPack 6.0 ships TensorRT 8.6 (INT8 through its calibrator); 6.1 and later, and the GPU image, 10.x.
+MIN_TENSORRT = (8, 6)
 
-MIN_TENSORRT_MAJOR = 10
+
+def tensorrt_version(trt: ModuleType) -> tuple[int, int]:
+    major, minor = str(trt.__version__).split(".")[:2]
+    return int(major), int(minor)
 
 
 def require_tensorrt() -> ModuleType:
@@ -41,16 +45,19 @@ def require_tensorrt() -> ModuleType:
         trt = importlib.import_module("tensorrt")
     except ImportError as e:
         raise BackendUnavailable(
-            "tensorrt is not installed (pip install 'anytime[gpu]' on a machine with an NVIDIA GPU)"
+            "tensorrt is not installed (pip install 'anytime[gpu]' on a machine with an NVIDIA GPU; "
+            "on Jetson it comes with JetPack)"
         ) from e
-    major = int(str(trt.__version__).split(".")[0])
-    if major < MIN_TENSORRT_MAJOR:
-        raise BackendUnavailable(f"tensorrt {trt.__version__} is too old: need >= {MIN_TENSORRT_MAJOR}")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise BackendUnavailable("no CUDA device: TensorRT needs an NVIDIA GPU and a CUDA build of torch")
+    if tensorrt_version(trt) < MIN_TENSORRT:
+        need = ".".join(map(str, MIN_TENSORRT))
+        raise BackendUnavailable(f"tensorrt {trt.__version__} is too old: need >= {need}")
     return trt
+
+
+def require_gpu() -> tuple[ModuleType, cuda.Device]:
+    """TensorRT and a CUDA device, or BackendUnavailable naming what is missing."""
+    trt = require_tensorrt()
+    return trt, cuda.open_device()
 
 
 @functools.cache
@@ -66,7 +73,7 @@ def sidecar_path(plan_path: Path) -> Path:
     return plan_path.with_suffix(".json")
 
 
-def _read_sidecar(plan_path: Path) -> dict[str, Any]:
+def read_sidecar(plan_path: Path) -> dict[str, Any]:
     path = sidecar_path(plan_path)
     try:
         meta: dict[str, Any] = json.loads(path.read_text())
@@ -77,53 +84,54 @@ def _read_sidecar(plan_path: Path) -> dict[str, Any]:
     return meta
 
 
-def _torch_dtype(trt: ModuleType, dtype: Any) -> torch.dtype:
-    import torch
+def check_compatible(plan_path: Path, meta: dict[str, Any], trt_version: str, device: cuda.DeviceInfo) -> None:
+    """Refuse a plan built by another TensorRT version or for another GPU model.
 
-    dtypes = {
-        trt.DataType.FLOAT: torch.float32,
-        trt.DataType.HALF: torch.float16,
-        trt.DataType.BF16: torch.bfloat16,
-        trt.DataType.INT8: torch.int8,
-        trt.DataType.UINT8: torch.uint8,
-        trt.DataType.INT32: torch.int32,
-        trt.DataType.INT64: torch.int64,
-        trt.DataType.BOOL: torch.bool,
-    }
-    if dtype not in dtypes:
-        raise TypeError(f"no torch dtype for TensorRT tensor type {dtype}")
-    return dtypes[dtype]
+    Plans are not portable: elsewhere they either fail to load or run kernels tuned for other hardware,
+    and the ladder's latency profiles would be wrong. The CUDA version is recorded, not checked: a plan
+    runs on any CUDA runtime its TensorRT version supports.
+    """
+    if meta.get("tensorrt_version") != trt_version:
+        raise ArtifactError(f"{plan_path} was built by TensorRT {meta.get('tensorrt_version')}, this is {trt_version}")
+    if meta.get("gpu_name") != device.gpu_name or meta.get("compute_capability") != device.compute_capability:
+        raise ArtifactError(
+            f"{plan_path} was built for {meta.get('gpu_name')} (compute capability {meta.get('compute_capability')}), "
+            f"this GPU is {device.gpu_name} ({device.compute_capability})"
+        )
+
+
+def _numpy_dtype(trt: ModuleType, dtype: Any) -> np.dtype[Any]:
+    names = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32}
+    for name, np_dtype in {**names, "INT64": np.int64, "BOOL": np.bool_}.items():
+        if getattr(trt.DataType, name, None) == dtype:  # INT64 exists from TensorRT 9 on
+            return np.dtype(np_dtype)
+    raise TypeError(f"no numpy dtype for TensorRT tensor type {dtype}")
 
 
 class TensorRTEngine(EngineBase):
-    """A deserialized plan with one execution context; `run` is serialized by a lock."""
+    """A deserialized plan with one execution context on one CUDA stream; `run` is serialized by a lock.
+
+    Device memory is allocated once, at the profile's largest batch, for every input and output, and the
+    context keeps those addresses; a batch of n uses the first n rows. `run` blocks its thread (the
+    scheduler's worker) on the stream, never the event loop: the engine is not `concurrent`, so the
+    scheduler never runs it inline.
+    """
 
     backend = Backend.TENSORRT
 
     def __init__(self, plan_path: Path, onnx_sha256: str | None = None, sha256: str | None = None) -> None:
         plan_path = Path(plan_path)
         verify_artifact(plan_path, sha256)
-        meta = _read_sidecar(plan_path)
-        trt = require_tensorrt()
-        import torch
-
-        # Plans are not portable: another TensorRT version or GPU model either fails to load or runs
-        # kernels tuned for different hardware, so refuse rather than serve wrong latency profiles.
-        if meta.get("tensorrt_version") != trt.__version__:
-            raise ArtifactError(
-                f"{plan_path} was built by TensorRT {meta.get('tensorrt_version')}, this is {trt.__version__}"
-            )
-        gpu_name = torch.cuda.get_device_name()
-        if meta.get("gpu_name") != gpu_name:
-            raise ArtifactError(f"{plan_path} was built for {meta.get('gpu_name')}, this GPU is {gpu_name}")
+        meta = read_sidecar(plan_path)
+        trt, device = require_gpu()
+        check_compatible(plan_path, meta, str(trt.__version__), device.info())
         if onnx_sha256 is not None and meta.get("onnx_sha256") != onnx_sha256:
             raise ArtifactError(f"{plan_path} was built from another ONNX file than the one the manifest names")
 
         self.path = plan_path
         self.precision = Precision(meta["precision"])
         self._lock = threading.Lock()
-        self._device = torch.device("cuda", torch.cuda.current_device())
-        self._stream = torch.cuda.Stream(self._device)
+        self._device = device
         self._runtime = trt.Runtime(trt_logger())
         self._engine = self._runtime.deserialize_cuda_engine(plan_path.read_bytes())
         if self._engine is None:
@@ -132,9 +140,10 @@ class TensorRTEngine(EngineBase):
         if self._context is None:
             raise RuntimeError(f"TensorRT could not create an execution context for {plan_path}")
 
-        names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
-        inputs = [n for n in names if self._engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        outputs = [n for n in names if self._engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        engine = self._engine
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         if len(inputs) != 1:
             raise ArtifactError(f"{plan_path} has inputs {inputs}, expected one")
         # The sidecar keeps the ONNX graph's output order, which `run` promises; the engine's IO order is
@@ -143,17 +152,35 @@ class TensorRTEngine(EngineBase):
             raise ArtifactError(f"{plan_path} outputs {outputs} differ from its sidecar's {meta['output_names']}")
         self.input_name = inputs[0]
         self.output_names = list(meta["output_names"])
-        self.input_shape = tuple(self._engine.get_tensor_shape(self.input_name))[1:]
-        min_shape, _, max_shape = self._engine.get_tensor_profile_shape(self.input_name, 0)
+        self.input_shape = tuple(int(d) for d in engine.get_tensor_shape(self.input_name))[1:]
+        min_shape, _, max_shape = engine.get_tensor_profile_shape(self.input_name, 0)
         self.min_batch, self.max_batch = int(min_shape[0]), int(max_shape[0])
-        self._dtypes = {name: _torch_dtype(trt, self._engine.get_tensor_dtype(name)) for name in names}
+
+        # Buffers at the largest batch: the output shapes follow from the input shape.
+        if not self._context.set_input_shape(self.input_name, (self.max_batch, *self.input_shape)):
+            raise ArtifactError(f"{plan_path}: TensorRT refused its own profile's largest batch {self.max_batch}")
+        self._buffers = {
+            name: device.buffer(
+                tuple(int(d) for d in self._context.get_tensor_shape(name)),
+                _numpy_dtype(trt, engine.get_tensor_dtype(name)),
+            )
+            for name in names
+        }
+        for name, buffer in self._buffers.items():
+            if not self._context.set_tensor_address(name, buffer.ptr):
+                raise RuntimeError(f"TensorRT refused the address of {name} in {plan_path}")
 
     def run(self, x: np.ndarray) -> list[np.ndarray]:
-        import torch
+        return self._execute(x, timed=False)[0]
 
+    def run_timed(self, x: np.ndarray) -> tuple[list[np.ndarray], float]:
+        """`run`, and the GPU time (ms) from the copy in to the copy out, taken with CUDA events on the stream."""
+        outputs, ms = self._execute(x, timed=True)
+        assert ms is not None
+        return outputs, ms
+
+    def _execute(self, x: np.ndarray, timed: bool) -> tuple[list[np.ndarray], float | None]:
         x = np.ascontiguousarray(x, dtype=np.float32)
-        if not x.flags.writeable:
-            x = x.copy()  # torch.from_numpy warns on read-only arrays
         if x.shape[1:] != self.input_shape:
             item = ", ".join(map(str, self.input_shape))
             raise ValueError(f"expected a batch of shape (N, {item}), got {x.shape}")
@@ -163,22 +190,24 @@ class TensorRTEngine(EngineBase):
             context = self._context
             if context is None:
                 raise RuntimeError(f"{self!r} is closed")
-            # Every copy, allocation and the execution go on one stream, so they are ordered without events.
-            with torch.cuda.device(self._device), torch.cuda.stream(self._stream):
-                batch = torch.from_numpy(x).to(device=self._device, dtype=self._dtypes[self.input_name])
-                if not context.set_input_shape(self.input_name, tuple(x.shape)):
-                    raise ValueError(f"TensorRT rejected input shape {x.shape}")
-                context.set_tensor_address(self.input_name, batch.data_ptr())
-                outputs = []
-                for name in self.output_names:
-                    shape = tuple(context.get_tensor_shape(name))
-                    out = torch.empty(shape, dtype=self._dtypes[name], device=self._device)
-                    context.set_tensor_address(name, out.data_ptr())
-                    outputs.append(out)
-                if not context.execute_async_v3(self._stream.cuda_stream):
-                    raise RuntimeError(f"TensorRT failed to execute {self.path} (its log is on stderr)")
-                self._stream.synchronize()
-                return [out.float().cpu().numpy() for out in outputs]
+            if not context.set_input_shape(self.input_name, tuple(x.shape)):
+                raise ValueError(f"TensorRT rejected input shape {x.shape}")
+            shapes = {name: tuple(int(d) for d in context.get_tensor_shape(name)) for name in self.output_names}
+            start = self._device.event() if timed else None
+            # Copy in, execute and copy out are queued on one stream, so they run in order without waits.
+            inp = self._buffers[self.input_name]
+            inp.upload(x.astype(inp.dtype, copy=False))
+            if not context.execute_async_v3(self._device.stream_handle):
+                raise RuntimeError(f"TensorRT failed to execute {self.path} (its log is on stderr)")
+            for name in self.output_names:
+                self._buffers[name].download(shapes[name])
+            end = self._device.event() if timed else None
+            self._device.synchronize()
+            outputs = [
+                self._buffers[name].host(shapes[name]).astype(np.float32, copy=False) for name in self.output_names
+            ]
+            ms = start.elapsed_ms(end) if start is not None and end is not None else None
+            return outputs, ms
 
     def close(self) -> None:
         # The context must go before the engine, and the engine before the runtime that deserialized it.
@@ -186,3 +215,4 @@ class TensorRTEngine(EngineBase):
             self._context = None
             self._engine = None
             self._runtime = None
+            self._buffers = {}

@@ -47,19 +47,34 @@ def _calib_split(data: str) -> Any:
     return open_source(data).split("calib")
 
 
-def run_quant_job(job: QuantJob) -> None:
+def open_calibration_set(data: str, spec: dict[str, Any], samples: int, feeders: tuple[str, ...]) -> CalibrationSet:
+    """The calib split's first `samples` images as a graph's input: through the FP32 `feeders` for a later stage."""
     from engines.backends.onnxruntime import OnnxRuntimeEngine
 
     transform = None
-    if job.feeders:
-        feeders = [OnnxRuntimeEngine(Path(p), Precision.FP32, threads=1) for p in job.feeders]
+    if feeders:
+        engines = [OnnxRuntimeEngine(Path(p), Precision.FP32, threads=1) for p in feeders]
 
         def transform(x: Any) -> Any:
-            for engine in feeders:
+            for engine in engines:
                 x = engine.run(x)[0]
             return x
 
-    calib = CalibrationSet(_calib_split(job.data), PreprocessSpec.from_dict(job.spec), job.samples, transform=transform)
+    return CalibrationSet(_calib_split(data), PreprocessSpec.from_dict(spec), samples, transform=transform)
+
+
+def feeder_files(ctx: BuildContext, g: Graph) -> tuple[str, ...]:
+    """The FP32 stage files whose chained output is `g`'s input (cascade stages after the first)."""
+    return tuple(str(ctx.out / f"stage{s}.fp32.onnx") for s in range(1, g.exit)) if g.kind == "stage" else ()
+
+
+def calibration_record(ctx: BuildContext, samples: int) -> dict[str, object]:
+    split = ctx.inputs.split("calib")
+    return {"split": split.name, "fingerprint": split.head(samples).fingerprint, "samples": samples}
+
+
+def run_quant_job(job: QuantJob) -> None:
+    calib = open_calibration_set(job.data, job.spec, job.samples, job.feeders)
     ranges = Path(job.ranges)
     ranges.parent.mkdir(exist_ok=True)
     ranges.unlink(missing_ok=True)  # ranges are recomputed whenever the source graph changed
@@ -73,13 +88,8 @@ def run_quant_job(job: QuantJob) -> None:
     )
 
 
-def _calib_record(ctx: BuildContext, samples: int) -> dict[str, object]:
-    split = ctx.inputs.split("calib")
-    return {"split": split.name, "fingerprint": split.head(samples).fingerprint, "samples": samples}
-
-
 def _job(ctx: BuildContext, g: Graph, method: str, config: CalibrationConfig, cpu: Path, trt: Path | None) -> QuantJob:
-    feeders = tuple(str(ctx.out / f"stage{s}.fp32.onnx") for s in range(1, g.exit)) if g.kind == "stage" else ()
+    feeders = feeder_files(ctx, g)
     return QuantJob(
         fp32=str(ctx.out / g.file(Precision.FP32)),
         cpu=str(cpu),
@@ -99,7 +109,7 @@ def _key(ctx: BuildContext, job: QuantJob, g: Graph) -> dict[str, Any]:
         "source": ctx.cache.sha256(Path(job.fp32)),
         "feeders": [ctx.cache.sha256(Path(p)) for p in job.feeders],
         "method": job.method,
-        "calib": _calib_record(ctx, job.samples),
+        "calib": calibration_record(ctx, job.samples),
         "tensorrt": job.trt is not None,
         "versions": {k: ctx.versions[k] for k in ("onnx", "onnxruntime")},
     }
@@ -133,7 +143,7 @@ def choose_method(ctx: BuildContext, last: Graph, config: CalibrationConfig) -> 
         chosen_by="named" if config.method else "val_accuracy",
         samples=config.samples,
         split="calib",
-        fingerprint=str(_calib_record(ctx, config.samples)["fingerprint"]),
+        fingerprint=str(calibration_record(ctx, config.samples)["fingerprint"]),
         val_accuracy_by_method=by_method,
     )
 

@@ -22,7 +22,7 @@ def build_cascade(
     ctx: BuildContext, stages: list[Graph], kind: EngineKind, config: CascadeConfig, profile: ProfileConfig
 ) -> tuple[list[Stage], Cascade]:
     records = [make_stage(ctx, g, kind, profile) for g in stages]
-    chain = [(ctx.out / g.file(kind.file), kind.backend, kind.precision) for g in stages]
+    chain = [(ctx.out / kind.artifact(g), kind.backend, kind.precision) for g in stages]
     val, test = ctx.inputs.split("val"), ctx.inputs.split("test")
     val_logits, test_logits = chain_logits(ctx, chain, "val"), chain_logits(ctx, chain, "test")
     fit = fit_thresholds(val_logits, val.labels, [s.profile(1).p50_ms for s in records], config.accuracy_bound_pp)

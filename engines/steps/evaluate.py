@@ -34,7 +34,7 @@ def predict_logits(
 ) -> np.ndarray:
     """Logits for every image of a split (in order)."""
     outs = []
-    for images, _ in split.batches(batch_size):
+    for images, _ in split.batches(min(batch_size, engine.max_batch or batch_size)):
         x = spec.normalize(images)
         outs.append(engine.infer(transform(x) if transform else x))
     return np.concatenate(outs)
@@ -94,7 +94,8 @@ def chain_logits(
     def make() -> None:
         engines = [open_engine(b, p, pr, threads or ctx.eval_threads) for p, b, pr in stages]
         per_exit: list[list[np.ndarray]] = [[] for _ in engines]
-        for images, _ in split.batches(EVAL_BATCH):
+        batch = min([EVAL_BATCH, *(e.max_batch for e in engines if e.max_batch)])  # a plan's profile caps it
+        for images, _ in split.batches(batch):
             x = ctx.inputs.spec.normalize(images)
             for k, engine in enumerate(engines):
                 x, logits = engine.run(x)

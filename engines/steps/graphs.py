@@ -34,6 +34,12 @@ class EngineKind:
     def name(self, graph: str) -> str:
         return f"{graph}.{self.precision}.{self.backend}"
 
+    def artifact(self, g: Graph) -> str:
+        """The engine's file in the ladder directory: the ONNX file itself, or the TensorRT plan built from it."""
+        if self.backend is Backend.TENSORRT:
+            return f"plans/{g.name}.{self.precision}.plan"
+        return g.file(self.file)
+
 
 FP32 = EngineKind(Precision.FP32, Backend.ONNXRUNTIME, Precision.FP32)
 INT8 = EngineKind(Precision.INT8, Backend.ONNXRUNTIME, Precision.INT8)
@@ -41,6 +47,13 @@ BF16 = EngineKind(Precision.BF16, Backend.OPENVINO, Precision.FP32)  # OpenVINO 
 FP16 = EngineKind(Precision.FP16, Backend.ONNXRUNTIME, Precision.FP16)  # the GPU file, measured here honestly
 # Every engine that runs on this CPU, by precision; the probe decides which of BF16/FP16 are built.
 CPU_ENGINES = {k.precision: k for k in (FP32, INT8, BF16, FP16)}
+# TensorRT plans (`anytime build --backend tensorrt`): FP16 by builder flag on the FP32 file; INT8 from the
+# symmetric QDQ file (TensorRT 10) or the FP32 file and a calibrator (8.x): engines/steps/plans.py.
+PLAN_ENGINES = (
+    EngineKind(Precision.FP32, Backend.TENSORRT, Precision.FP32),
+    EngineKind(Precision.FP16, Backend.TENSORRT, Precision.FP32),
+    EngineKind(Precision.INT8, Backend.TENSORRT, Precision.INT8),
+)
 
 
 @dataclass

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from engines.backends.tensorrt import read_sidecar
+from engines.base import Backend
 from engines.factory import open_engine
-from engines.manifest import Rung, Stage
+from engines.manifest import PlanInfo, Rung, Stage
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import accuracy, engine_logits
 from engines.steps.graphs import EngineKind, Graph
@@ -14,7 +17,7 @@ from engines.steps.measure import ProfileConfig, profile_engine
 
 def measured(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfig) -> dict[str, Any]:
     """The engine's record fields: artifact, profiles, peak memory; timed once per file and measuring setting."""
-    path = ctx.out / g.file(kind.file)
+    path = ctx.out / kind.artifact(g)
     art = ctx.artifact(path)
     name = kind.name(g.name)
     key = {
@@ -40,12 +43,31 @@ def measured(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfi
         "profiles": numbers["profiles"],
         "macs": g.macs,
         "peak_memory_bytes": numbers["peak_memory_bytes"],
+        **(plan_fields(ctx, path) if kind.backend is Backend.TENSORRT else {}),
     }
+
+
+def plan_fields(ctx: BuildContext, plan: Path) -> dict[str, Any]:
+    """A TensorRT rung's `max_batch` and `plan` record, from the sidecar the plan step wrote."""
+    meta = read_sidecar(plan)
+    profile = meta["profile"]
+    info = PlanInfo(
+        source=ctx.artifact(ctx.out / meta["onnx_file"]),
+        tensorrt_version=meta["tensorrt_version"],
+        cuda_version=meta["cuda_version"],
+        gpu_name=meta["gpu_name"],
+        compute_capability=meta["compute_capability"],
+        min_batch=profile["min"],
+        opt_batch=profile["opt"],
+        max_batch=profile["max"],
+        int8=meta["int8"],
+    )
+    return {"max_batch": info.max_batch, "plan": info}
 
 
 def make_rung(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfig) -> Rung:
     record = measured(ctx, g, kind, config)
-    logits = engine_logits(ctx, ctx.out / g.file(kind.file), kind.backend, kind.precision, ("val", "test"))
+    logits = engine_logits(ctx, ctx.out / kind.artifact(g), kind.backend, kind.precision, ("val", "test"))
     member = ctx.inputs.members.get(g.name) if g.kind == "member" else None
     return Rung(
         **record,

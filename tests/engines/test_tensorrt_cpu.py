@@ -19,3 +19,14 @@ def test_build_plan_without_tensorrt_says_why(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable, match=r"(?i)tensorrt|cuda"):
         engines.steps.plans.build_plan(onnx_path, tmp_path / "model.plan", Precision.FP32)
     assert not (tmp_path / "model.plan").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="tensorrt is installed here")
+def test_auto_falls_back_to_onnxruntime_and_says_why() -> None:
+    from engines.base import Backend
+    from engines.steps.plan_rungs import choose_backend
+
+    backend, reason = choose_backend("auto")
+    assert backend is Backend.ONNXRUNTIME and "tensorrt is not installed" in reason
+    with pytest.raises(BackendUnavailable, match="tensorrt is not installed"):
+        choose_backend("tensorrt")
