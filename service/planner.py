@@ -128,9 +128,16 @@ class Planner:
     def fits(self, engines: list[str], time_left_ms: float, wait_ms: float) -> bool:
         return wait_ms + sum(self.predictor.predict(e) for e in engines) + self.margin_ms <= time_left_ms
 
-    def depth_within(self, option: Option, budget_ms: float) -> int:
-        """How many of the option's steps fit in `budget_ms` (each at its predicted p99)."""
-        return sum(1 for t in accumulate(self.predictor.predict(e) for e in option.engines) if t <= budget_ms)
+    def _predicted(self, engine: str, memo: dict[str, float]) -> float:
+        if engine not in memo:
+            memo[engine] = self.predictor.predict(engine)
+        return memo[engine]
+
+    def depth_within(self, option: Option, budget_ms: float, memo: dict[str, float] | None = None) -> int:
+        """How many of the option's steps fit in `budget_ms` (each at its predicted p99); `memo` keeps
+        predictions across the options of one plan (they share engines)."""
+        memo = {} if memo is None else memo
+        return sum(1 for t in accumulate(self._predicted(e, memo) for e in option.engines) if t <= budget_ms)
 
     def _named(self, name: str | None) -> Option:
         if name is None or name not in self.options:
@@ -145,15 +152,10 @@ class Planner:
         best, best_key = None, None
         predicted: dict[str, float] = {}  # options share engines: each is predicted once per plan
         for option in options:
-            costs = []
-            for e in option.engines:
-                if e not in predicted:
-                    predicted[e] = self.predictor.predict(e)
-                costs.append(predicted[e])
-            depth = sum(1 for t in accumulate(costs) if t <= budget_ms)
+            depth = self.depth_within(option, budget_ms, predicted)
             if depth == 0:
                 continue
-            key = (option.accuracy_by_depth[depth - 1], -costs[0])
+            key = (option.accuracy_by_depth[depth - 1], -predicted[option.engines[0]])
             if best_key is None or key > best_key:
                 best, best_key = option, key
         return best
