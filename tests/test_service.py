@@ -206,7 +206,7 @@ def _png_bytes() -> bytes:
         ({"json": {"image": "AAAA", "deadline_ms": 5, "policy": "fastest"}}, 422, "invalid_request"),
         ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 422, "invalid_request"),
         ({"files": {"nofile": ("a.png", b"x")}, "data": {"deadline_ms": "5"}}, 422, "invalid_request"),
-        ({"files": {"file": ("a.png", b"not an image")}, "data": {"deadline_ms": "5"}}, 400, "bad_image"),
+        ({"files": {"file": ("a.png", b"not an image")}, "data": {"deadline_ms": "50"}}, 400, "bad_image"),
     ],
 )
 def test_bad_input_gets_its_status_and_code(client: httpx.Client, request_kwargs: dict, status: int, code: str) -> None:
