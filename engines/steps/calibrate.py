@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.data import CalibrationSet
-from calibration.quantize import CalibrationMethod, quantize_int8
+from calibration.quantize import CalibrationMethod, int8_saturates, quantize_int8
 from engines.base import Backend, Precision
 from engines.manifest import Calibration
 from engines.steps.context import BuildContext
@@ -40,6 +40,7 @@ class QuantJob:
     feeders: tuple[str, ...]  # FP32 stage files whose chained output is this graph's input (cascade stages)
     method: str
     ranges: str  # ONNX Runtime's calibration cache (the tensor ranges)
+    reduce_range: bool  # 7-bit weights in the CPU form: this CPU's 8-bit kernels saturate
 
 
 @functools.cache
@@ -85,6 +86,7 @@ def run_quant_job(job: QuantJob) -> None:
         calib,
         CalibrationMethod(job.method),
         ranges,
+        job.reduce_range,
     )
 
 
@@ -100,6 +102,7 @@ def _job(ctx: BuildContext, g: Graph, method: str, config: CalibrationConfig, cp
         feeders=feeders,
         method=method,
         ranges=str(ctx.out / "calibration" / f"{g.name}.{method}.json"),
+        reduce_range=int8_saturates(),
     )
 
 
@@ -109,6 +112,7 @@ def _key(ctx: BuildContext, job: QuantJob, g: Graph) -> dict[str, Any]:
         "source": ctx.cache.sha256(Path(job.fp32)),
         "feeders": [ctx.cache.sha256(Path(p)) for p in job.feeders],
         "method": job.method,
+        "reduce_range": job.reduce_range,
         "calib": calibration_record(ctx, job.samples),
         "tensorrt": job.trt is not None,
         "versions": {k: ctx.versions[k] for k in ("onnx", "onnxruntime")},

@@ -244,3 +244,22 @@ def test_python_m_engines_build_and_anytime_build_are_one_command() -> None:
     module = options([sys.executable, "-m", "engines.build"])
     assert {"--precisions", "--all-precisions", "--members", "--runs", "--out"} <= set(module)
     assert module == options([str(Path(sys.executable).parent / "anytime"), "build"])
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "saturates"),
+    [
+        ("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n", True),  # AVX2 only: VPMADDUBSW saturates
+        ("processor\t: 0\nflags\t\t: avx2 avx512f avx512bw\n", True),  # AVX-512 without VNNI: the same
+        ("processor\t: 0\nflags\t\t: avx2 avx512f avx512_vnni\n", False),
+        ("processor\t: 0\nflags\t\t: avx2 avx_vnni\n", False),
+        ("processor\t: 0\nFeatures\t: fp asimd asimddp\n", False),  # ARM: dot-product instructions
+    ],
+)
+def test_int8_weights_are_7_bit_only_where_8_bit_ones_saturate(tmp_path: Path, cpuinfo: str, saturates: bool) -> None:
+    from calibration.quantize import int8_saturates
+
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    assert int8_saturates(path) is saturates
+    assert int8_saturates(tmp_path / "absent") is False
