@@ -80,10 +80,13 @@ def test_tight_deadline_gets_a_fast_rung_on_time(
     planner = Planner(ladder, LatencyPredictor([*ladder.rungs, *ladder.ensembles]), margin)
     plan = planner.plan(Policy.STATIC, best.profile(1).p99_ms + margin - 0.01, 0.0, OnInfeasible.REJECT)
     assert {r.name: r for r in candidates}[plan.name].profile(1).p99_ms < best.profile(1).p99_ms
-    # Over HTTP: at the tightest deadline the fastest rung meets (its p99, the margin, 1 ms to decode the
-    # request), answers come on time from rungs that fit it.
+    # Over HTTP: at the tightest deadline the fastest rung meets, answers come on time from rungs that fit it.
+    # That deadline is its p99, the margin, and the time a request takes from arrival to its engine's start
+    # on this server (`queue_ms`: parse, decode, plan, hand-off), measured here: the most of 20 loose requests.
     fastest = min(candidates, key=lambda r: r.profile(1).p99_ms)
-    deadline = fastest.profile(1).p99_ms + margin + 1.0
+    loose = [_classify(client, test_images[0][i], 5000, policy="fixed", rung=fastest.name) for i in range(20)]
+    path_ms = max(r.json()["queue_ms"] for r in loose)
+    deadline = fastest.profile(1).p99_ms + margin + path_ms
     answered = [_classify(client, test_images[0][i], deadline, policy="static") for i in range(20)]
     ok = [r.json() for r in answered if r.status_code == 200]
     assert len(ok) >= 17, [r.json() for r in answered if r.status_code != 200][:3]
@@ -120,14 +123,18 @@ def test_best_effort_answers_late_and_says_so(
 def test_cascade_stops_on_confident_exits(
     client: httpx.Client, ladder: Ladder, ladder_dir: Path, test_images: tuple[np.ndarray, np.ndarray]
 ) -> None:
-    images = test_images[0][:60]
-    bodies = [_classify(client, img, 5000, policy="cascade").json() for img in images]
-    cascade = next(c for c in ladder.cascades if c.name == bodies[0]["rung"])
+    first = _classify(client, test_images[0][0], 5000, policy="cascade").json()
+    cascade = next(c for c in ladder.cascades if c.name == first["rung"])
     stage1 = ladder.stage(cascade.stages[0])
     engine = open_engine(stage1.backend, ladder_dir / stage1.artifact.path, stage1.precision)
     from models.data import PreprocessSpec
 
     spec = PreprocessSpec.from_dict(ladder.preprocess)
+    # Easy and hard images, chosen by their exit-1 entropy: a ladder may stop 97 % of images at exit 1 (the
+    # tiny one does), so 60 images in test order can all be easy. The 30 least and 30 most uncertain of 400:
+    order = np.argsort(entropy(engine.run(spec.normalize(test_images[0]))[1]))
+    images = test_images[0][np.concatenate([order[:30], order[-30:]])]
+    bodies = [_classify(client, img, 5000, policy="cascade").json() for img in images]
     ent1 = entropy(engine.run(spec.normalize(images))[1])
     stages = np.array([b["stages_run"] for b in bodies])
     assert (stages == 1).any() and (stages > 1).any()  # easy ones stop, hard ones go deeper
