@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     )
     observed_window: int = Field(200, ge=10, description="observed service times kept per engine and batch size")
     include_dominated: bool = False
+    auto_caution: bool = Field(
+        True, description="auto inflates its predictions after late answers (service/caution.py); off: bare"
+    )
     warmup_runs: int = Field(5, ge=0)
     # The front door (service/server.py): what a slow or greedy client may hold.
     max_connections: int = Field(512, ge=1, description="open connections; more are answered 503 and closed")

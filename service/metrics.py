@@ -34,6 +34,9 @@ class Metrics:
             "anytime_batch_size", "Items per engine run", ["engine"], buckets=(1, 2, 4, 8, 16, 32, 64), registry=r
         )
         self.depth = Gauge("anytime_queue_depth", "Accepted requests not yet answered", registry=r)
+        self.caution = Gauge(
+            "anytime_auto_caution", "Factor on auto's predicted times, raised by its late answers", registry=r
+        )
         self.loop_lag = Histogram(
             "anytime_loop_lag_ms",
             "How long each request waited from its parsing to the app starting it (the event loop's backlog)",

@@ -7,7 +7,8 @@ is confident enough, or when its next step no longer fits; so its value under a 
 it reaches within the steps that fit (`accuracy_by_depth`, measured on val by the builder).
 
 Policies: `auto` (the default) takes, per request, the option with the highest accuracy within the time
-left; `static` the most accurate single rung that fits whole; `cascade` the most accurate stage cascade;
+left, its predictions inflated by the caution its late answers have built up (service/caution.py);
+`static` the most accurate single rung that fits whole; `cascade` the most accurate stage cascade;
 `fixed` the option the request names. The others stay for baselines.
 """
 
@@ -21,6 +22,7 @@ from itertools import accumulate
 import numpy as np
 
 from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung
+from service.caution import Caution
 from service.errors import DeadlineInfeasible, OutOfService, UnknownRung
 from service.predictor import LatencyPredictor
 
@@ -100,9 +102,15 @@ def _member_option(c: MemberCascade, include_dominated: bool) -> Option:
 
 class Planner:
     def __init__(
-        self, ladder: Ladder, predictor: LatencyPredictor, margin_ms: float, include_dominated: bool = False
+        self,
+        ladder: Ladder,
+        predictor: LatencyPredictor,
+        margin_ms: float,
+        include_dominated: bool = False,
+        caution: Caution | None = None,
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
+        self.caution = caution  # None: auto plans on the bare predictions
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
         rungs = [_rung_option(r, include_dominated) for r in answers]
         stages = [_stage_option(c) for c in ladder.cascades]
@@ -125,8 +133,17 @@ class Planner:
         """Every option a `fixed` request may name."""
         return self.options
 
-    def fits(self, engines: list[str], time_left_ms: float, wait_ms: float) -> bool:
-        return wait_ms + sum(self.predictor.predict(e) for e in engines) + self.margin_ms <= time_left_ms
+    def fits(self, engines: list[str], time_left_ms: float, wait_ms: float, factor: float = 1.0) -> bool:
+        return factor * (wait_ms + sum(self.predictor.predict(e) for e in engines)) + self.margin_ms <= time_left_ms
+
+    def factor(self, policy: Policy) -> float:
+        """How far this policy's predictions are inflated now: auto's caution, else 1."""
+        return self.caution.factor if policy is Policy.AUTO and self.caution is not None else 1.0
+
+    def observe(self, plan: Plan, late: bool) -> None:
+        """An answer planned by `plan` was given on time or late (or expired before it could run)."""
+        if plan.policy is Policy.AUTO and self.caution is not None:
+            self.caution.observe(late)
 
     def _predicted(self, engine: str, memo: dict[str, float]) -> float:
         if engine not in memo:
@@ -177,14 +194,16 @@ class Planner:
     ) -> Plan:
         """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible).
 
-        auto: the most accurate answer reachable in time over every served option (a cascade counts for the
+        auto: the most accurate answer reachable in time over every served option, with the queue wait and
+        each step's prediction multiplied by the caution factor (a cascade counts for the
         steps that fit). static: the most accurate rung that fits whole. cascade: the most accurate stage
         cascade that fits whole, else the one whose first stage is quickest (it stops early when time runs
         out). fixed: the named option, if its first step fits.
         """
         budget = time_left_ms - wait_ms - self.margin_ms
         if policy is Policy.AUTO:
-            chosen = self._best_within(self._usable(self.auto), budget)
+            cautious = (time_left_ms - self.margin_ms) / self.factor(policy) - wait_ms  # factor x (wait + steps)
+            chosen = self._best_within(self._usable(self.auto), cautious)
             if chosen is not None:
                 return chosen.plan(policy)
         elif policy is Policy.STATIC:
@@ -220,4 +239,4 @@ class Planner:
         sure = score <= threshold if plan.kind is PlanKind.STAGES else score >= threshold
         if sure:
             return False
-        return not plan.feasible or self.fits([plan.engines[done]], time_left_ms, wait_ms)
+        return not plan.feasible or self.fits([plan.engines[done]], time_left_ms, wait_ms, self.factor(plan.policy))

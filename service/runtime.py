@@ -16,9 +16,10 @@ from engines.factory import open_record
 from engines.manifest import MANIFEST_NAME, EngineRecord, Ensemble, Ladder, MemberCascade, load_ladder
 from models.preprocess import PreprocessSpec
 from service.auth import ApiKey
+from service.caution import Caution
 from service.config import Settings
 from service.metrics import Metrics
-from service.planner import Combiner, Planner
+from service.planner import Combiner, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Scheduler
 
@@ -40,7 +41,11 @@ class Runtime:
             r.name: r for r in [*self.ladder.stages, *self.ladder.rungs, *self.ladder.ensembles]
         }
         self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
-        self.planner = Planner(self.ladder, self.predictor, settings.safety_margin_ms, settings.include_dominated)
+        caution = Caution() if settings.auto_caution else None
+        self.planner = Planner(
+            self.ladder, self.predictor, settings.safety_margin_ms, settings.include_dominated, caution
+        )
+        metrics.caution.set_function(lambda: self.planner.factor(Policy.AUTO))
         # Only what a served plan runs is loaded at start; a dominated rung is loaded when a request names it.
         self.served = [e for e in self.records if e in {x for o in self.planner.auto for x in o.engines}]
         self.engines: dict[str, Engine] = {}
