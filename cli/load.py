@@ -42,7 +42,7 @@ def add_loadtest(p: argparse.ArgumentParser) -> None:
     deadline = p.add_mutually_exclusive_group()
     deadline.add_argument("--deadline", type=positive_float, default=10.0, help="deadline_ms of every request")
     deadline.add_argument("--deadline-mix", help='deadline_ms:probability pairs, e.g. "3:0.3,10:0.5,50:0.2"')
-    p.add_argument("--policy", choices=["cascade", "static", "fixed"], default=LOAD["policy"])
+    p.add_argument("--policy", choices=["auto", "cascade", "static", "fixed"], default=LOAD["policy"])
     p.add_argument("--rung", help="the rung, with --policy fixed")
     p.add_argument(
         "--body",

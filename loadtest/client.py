@@ -76,7 +76,7 @@ class LoadConfig:
     requests: int = 1000  # stop after this many sends ...
     duration_s: float = 10.0  # ... or this long after the start, whichever comes first
     deadlines: DeadlineMix = field(default_factory=lambda: DeadlineMix.single(10.0))
-    policy: str = "cascade"
+    policy: str = "auto"  # the server's default policy
     rung: str | None = None
     on_infeasible: str = "reject"
     timeout_s: float = 10.0  # a request with no answer by then is recorded as client_timeout
