@@ -111,7 +111,7 @@ class Mischief(threading.Thread):
 
 def measure_capacity(url: str, split: Split, out: Path) -> float:
     config = SweepConfig(ladder=Path("."), out=out, requests=3000, duration_s=3.0, progress=False)
-    capacity = keep_up_capacity(_Runner(config, split, {False: url}), PolicySpec("auto", "auto"), 200.0)
+    capacity = keep_up_capacity(_Runner(config, split, {"anytime": url}), PolicySpec("auto", "auto"), 200.0)
     if capacity.rate is None:
         raise SystemExit("no rate kept up: is the server working?")
     return capacity.rate

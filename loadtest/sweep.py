@@ -62,7 +62,8 @@ def served_plans(ladder: Ladder) -> list[str]:
 
 def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     """auto, static, cascade; front: a fixed column per served option; fixed-fast: the non-dominated rung with
-    the lowest p99 at batch 1; fixed-best: the highest val accuracy; baseline: loadtest/baseline.py."""
+    the lowest p99 at batch 1; fixed-best: the highest val accuracy; auto-bare: auto on a second Anytime server
+    without caution (ANYTIME_AUTO_CAUTION=false), for a side-by-side comparison; baseline: loadtest/baseline.py."""
     specs = []
     for name in names:
         if name in ("auto", "cascade", "static"):
@@ -76,7 +77,9 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
             rung = max(_candidates(ladder), key=lambda r: (r.val_accuracy, -r.profile(1).p99_ms))
             specs.append(PolicySpec(name, "fixed", rung.name))
         elif name == "baseline":
-            specs.append(PolicySpec(name, "baseline", baseline_rung(ladder.model_dump(mode="json")), baseline=True))
+            specs.append(PolicySpec(name, "baseline", baseline_rung(ladder.model_dump(mode="json")), server="baseline"))
+        elif name == "auto-bare":
+            specs.append(PolicySpec(name, "auto", server="bare"))
         else:
             raise ValueError(f"unknown sweep policy {name!r}; choose from {', '.join(POLICY_NAMES + OTHER_POLICIES)}")
     return specs
@@ -197,7 +200,7 @@ def capacity_passes(metrics: dict[str, Any], deadline_ms: float) -> bool:
 class _Runner:
     """Runs one cell's load against the right server and keeps its records."""
 
-    def __init__(self, config: SweepConfig, split: Split, urls: dict[bool, str]) -> None:
+    def __init__(self, config: SweepConfig, split: Split, urls: dict[str, str]) -> None:
         self.config, self.split, self.urls = config, split, urls
 
     def run(
@@ -205,7 +208,7 @@ class _Runner:
     ) -> tuple[list[Record], dict[str, Any]]:
         c = self.config
         load = LoadConfig(
-            url=self.urls[spec.baseline],
+            url=self.urls[spec.server],
             rate=rate,
             requests=c.requests,
             duration_s=duration_s or c.duration_s,
@@ -243,11 +246,15 @@ def keep_up_capacity(runner: _Runner, spec: PolicySpec, start: float) -> Capacit
 
 
 @contextmanager
-def _servers(ladder_dir: Path, baseline: bool) -> Iterator[dict[bool, str]]:
+def _servers(ladder_dir: Path, servers: set[str]) -> Iterator[dict[str, str]]:
+    """The servers the columns need, all started before the first cell; one takes load at a time, the others
+    idle (a second Anytime server for `auto-bare`: both then run the same cells, interleaved)."""
     with ExitStack() as stack:
-        urls = {False: stack.enter_context(running_server(ladder_dir))}
-        if baseline:
-            urls[True] = stack.enter_context(running_baseline(ladder_dir))
+        urls = {"anytime": stack.enter_context(running_server(ladder_dir))}
+        if "bare" in servers:
+            urls["bare"] = stack.enter_context(running_server(ladder_dir, ANYTIME_AUTO_CAUTION="false"))
+        if "baseline" in servers:
+            urls["baseline"] = stack.enter_context(running_baseline(ladder_dir))
         yield urls
 
 
@@ -266,7 +273,7 @@ def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
     cells: list[Cell] = []
     capacity: list[Capacity] = []
     load_capacity = None
-    with _servers(config.ladder, any(s.baseline for s in specs)) as urls:
+    with _servers(config.ladder, {s.server for s in specs}) as urls:
         runner = _Runner(config, split, urls)
         rates = config.rates
         if not rates:
