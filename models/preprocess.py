@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -18,12 +19,20 @@ class PreprocessSpec:
 
     def normalize(self, images: np.ndarray) -> np.ndarray:
         """uint8 images (N, H, W) or (N, C, H, W) -> normalized float32 (N, C, H, W)."""
+        if images.dtype == np.uint8 and images.ndim == 3 and len(self.mean) == 1:
+            return self._table[images][:, None]  # one lookup instead of five array passes (the server's hot path)
         x = images.astype(np.float32) / 255.0
         if x.ndim == 3:
             x = x[:, None]
         mean = np.asarray(self.mean, np.float32).reshape(1, -1, 1, 1)
         std = np.asarray(self.std, np.float32).reshape(1, -1, 1, 1)
         return ((x - mean) / std).astype(self.dtype)
+
+    @cached_property
+    def _table(self) -> np.ndarray:
+        """What `normalize` makes of each grey value 0..255, computed by the same float32 arithmetic."""
+        x = np.arange(256, dtype=np.uint8).astype(np.float32) / 255.0
+        return ((x - np.float32(self.mean[0])) / np.float32(self.std[0])).astype(self.dtype)
 
     def to_dict(self) -> dict[str, object]:
         return {

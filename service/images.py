@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from service.errors import BadImage
 MAX_PIXELS = 4096 * 4096  # refuse decompression bombs before decoding them
 # Decoding this many pixels or fewer stays under ~0.1 ms: done on the event loop; more goes to a thread.
 INLINE_MAX_PIXELS = 128 * 128
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TENSOR_DTYPES: dict[str, np.dtype[Any]] = {"uint8": np.dtype(np.uint8), "float32": np.dtype("<f4")}
 
 Input = tuple[np.ndarray, bool]  # (1, C, H, W) model input, and whether the image was resized
@@ -39,6 +41,9 @@ class Pending:
 
 def open_bytes(data: bytes, spec: PreprocessSpec) -> Pending:
     """A PNG or JPEG file: the header is read and checked now, the pixels on decode()."""
+    plain = open_plain_png(data, spec)
+    if plain is not None:
+        return plain
     try:
         img = Image.open(io.BytesIO(data), formats=("PNG", "JPEG"))
     except UnidentifiedImageError:
@@ -56,6 +61,49 @@ def open_bytes(data: bytes, spec: PreprocessSpec) -> Pending:
         return to_input(img, spec)
 
     return Pending(img.width * img.height, decode)
+
+
+def open_plain_png(data: bytes, spec: PreprocessSpec) -> Pending | None:
+    """The common PNG, 8-bit grey and not interlaced, read without PIL's file parser; None for any other file.
+
+    PIL's `Image.open` + `load` spends most of its time in Python around the chunks; here the chunks are
+    walked with `struct` and the image data goes straight to PIL's own zlib decoder (which undoes PNG's row
+    filters), through the public `Image.frombytes`. Measured on this repository's 2-vCPU machine on a 28x28
+    Fashion-MNIST PNG (2026-11-25): 197 us -> 85 us. Anything unusual (palette, 16-bit, alpha, interlace,
+    a malformed chunk) falls back to PIL's full parser, which also gives the error messages.
+    """
+    if not data.startswith(PNG_SIGNATURE):
+        return None
+    pos, end, header, parts = len(PNG_SIGNATURE), len(data), None, []
+    while pos + 12 <= end:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        if pos + 12 + length > end:
+            return None
+        if kind == b"IHDR" and length == 13:
+            header = struct.unpack_from(">IIBBBBB", data, pos + 8)
+        elif kind == b"IDAT":
+            parts.append(data[pos + 8 : pos + 8 + length])
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    else:
+        return None  # no IEND: truncated
+    if header is None or not parts or header[2:] != (8, 0, 0, 0, 0):  # depth 8, grey, deflate, filter 0, progressive
+        return None
+    width, height = header[0], header[1]
+    if width < 1 or height < 1:
+        return None
+    if width * height > MAX_PIXELS:
+        raise BadImage(f"image of {width}x{height} pixels is over the limit of {MAX_PIXELS}")
+
+    def decode() -> Input:
+        try:
+            img = Image.frombytes("L", (width, height), b"".join(parts), "zip", "L")
+        except (OSError, ValueError) as e:  # corrupt or short deflate data
+            raise BadImage(f"cannot decode the image: {type(e).__name__}") from None
+        return to_input(img, spec)
+
+    return Pending(width * height, decode)
 
 
 def open_base64(text: str, spec: PreprocessSpec) -> Pending:

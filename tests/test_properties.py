@@ -20,7 +20,7 @@ from PIL import Image
 from engines.manifest import Ladder
 from models.preprocess import PreprocessSpec
 from service.errors import ApiError, BadImage, DeadlineInfeasible
-from service.images import open_item, open_tensor, parse_shape
+from service.images import open_item, open_plain_png, open_tensor, parse_shape, to_input
 from service.planner import OnInfeasible, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job
@@ -87,6 +87,35 @@ def test_real_images_of_any_size_and_mode_decode(w: int, h: int, mode: str, fmt:
     pending = open_item(base64.b64encode(buf.getvalue()).decode(), SPEC)
     x, resized = pending.decode()
     assert x.shape == (1, 1, 28, 28) and np.isfinite(x).all() and resized == ((w, h) != (28, 28))
+
+
+@FAST
+@given(st.integers(1, 64), st.integers(1, 64), st.integers(0, 2**32 - 1), st.booleans())
+def test_plain_png_path_gives_pils_pixels(w: int, h: int, seed: int, optimize: bool) -> None:
+    """The fast path for 8-bit grey PNGs (service/images.py: open_plain_png) decodes exactly what PIL's full
+    parser does, whatever row filters the encoder chose."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (h, w), dtype=np.uint8)
+    if seed % 2:  # smooth images make the encoder pick Sub, Up, Average and Paeth rows
+        pixels = np.cumsum(np.cumsum(pixels // 64, 0), 1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG", optimize=optimize)
+    pending = open_plain_png(buf.getvalue(), SPEC)
+    assert pending is not None and pending.pixels == w * h
+    x, resized = pending.decode()
+    expected, expected_resized = to_input(Image.open(io.BytesIO(buf.getvalue())), SPEC)
+    assert np.array_equal(x, expected) and resized == expected_resized
+
+
+@FAST
+@given(st.integers(0, 2**32 - 1), st.integers(0, 10_000), st.integers(1, 255), st.integers(0, 200))
+def test_damaged_grey_pngs_decode_or_are_bad_images(seed: int, where: int, flip: int, cut: int) -> None:
+    """A grey PNG with a byte changed and its tail cut off: a model input or BadImage, nothing else."""
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (28, 28), dtype=np.uint8)).save(buf, "PNG")
+    data = bytearray(buf.getvalue())
+    data[where % len(data)] ^= flip
+    _decodes_or_refuses(lambda: open_item(base64.b64encode(bytes(data[: len(data) - cut])).decode(), SPEC))
 
 
 @FAST
