@@ -47,7 +47,12 @@ from loadtest.schedule import DeadlineMix, image_order
 from loadtest.summary import METHOD, Record, summarize, write_records
 from models.data import PreprocessSpec, Split
 
-KEEP_UP_DEADLINE_MS, KEEP_UP_SHARE = 100.0, 0.95  # capacity: >= 95 % answered 200 within 100 ms at the client
+KEEP_UP_DEADLINE_MS, KEEP_UP_SHARE = 100.0, 0.95
+# Columns served by an Anytime server of their own, started with these settings (auto with a feedback off).
+SECOND_SERVERS = {
+    "auto-bare": {"ANYTIME_AUTO_CAUTION": "false"},  # service/caution.py off
+    "auto-unloaded": {"ANYTIME_AUTO_UTILIZATION": "0"},  # service/load.py off
+}  # capacity: >= 95 % answered 200 within 100 ms at the client
 
 
 def _candidates(ladder: Ladder) -> list[Rung | Ensemble]:
@@ -62,8 +67,9 @@ def served_plans(ladder: Ladder) -> list[str]:
 
 def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     """auto, static, cascade; front: a fixed column per served option; fixed-fast: the non-dominated rung with
-    the lowest p99 at batch 1; fixed-best: the highest val accuracy; auto-bare: auto on a second Anytime server
-    without caution (ANYTIME_AUTO_CAUTION=false), for a side-by-side comparison; baseline: loadtest/baseline.py."""
+    the lowest p99 at batch 1; fixed-best: the highest val accuracy; auto-bare and auto-unloaded: auto on a second
+    Anytime server without caution or without the load budget (SECOND_SERVERS), for a side-by-side comparison;
+    baseline: loadtest/baseline.py."""
     specs = []
     for name in names:
         if name in ("auto", "cascade", "static"):
@@ -78,8 +84,8 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
             specs.append(PolicySpec(name, "fixed", rung.name))
         elif name == "baseline":
             specs.append(PolicySpec(name, "baseline", baseline_rung(ladder.model_dump(mode="json")), server="baseline"))
-        elif name == "auto-bare":
-            specs.append(PolicySpec(name, "auto", server="bare"))
+        elif name in SECOND_SERVERS:
+            specs.append(PolicySpec(name, "auto", server=name))
         else:
             raise ValueError(f"unknown sweep policy {name!r}; choose from {', '.join(POLICY_NAMES + OTHER_POLICIES)}")
     return specs
@@ -248,11 +254,12 @@ def keep_up_capacity(runner: _Runner, spec: PolicySpec, start: float) -> Capacit
 @contextmanager
 def _servers(ladder_dir: Path, servers: set[str]) -> Iterator[dict[str, str]]:
     """The servers the columns need, all started before the first cell; one takes load at a time, the others
-    idle (a second Anytime server for `auto-bare`: both then run the same cells, interleaved)."""
+    idle (another Anytime server for `auto-bare` or `auto-unloaded`: they then run the same cells, interleaved)."""
     with ExitStack() as stack:
         urls = {"anytime": stack.enter_context(running_server(ladder_dir))}
-        if "bare" in servers:
-            urls["bare"] = stack.enter_context(running_server(ladder_dir, ANYTIME_AUTO_CAUTION="false"))
+        for name, env in SECOND_SERVERS.items():
+            if name in servers:
+                urls[name] = stack.enter_context(running_server(ladder_dir, **env))
         if "baseline" in servers:
             urls["baseline"] = stack.enter_context(running_baseline(ladder_dir))
         yield urls

@@ -28,12 +28,15 @@ class Admitted:
     plan: Plan | None = None  # ... and so is its plan
 
 
-def plan_for(runtime: Runtime, options: ClassifyOptions, arrival: float) -> Plan:
-    """The plan for a request that arrived at `arrival` (raises DeadlineInfeasible, UnknownRung)."""
+def plan_for(runtime: Runtime, options: ClassifyOptions, arrival: float, where: str = "route") -> Plan:
+    """The plan for a request that arrived at `arrival`, made in the HTTP parser or the route (`where`: the
+    time its path still takes after the plan differs) (raises DeadlineInfeasible, UnknownRung)."""
     if options.policy is not Policy.FIXED and options.rung is not None:
         raise InvalidRequest("rung: only policy=fixed takes a rung")
+    if runtime.planner.budget is not None:
+        runtime.planner.budget.rate.arrive()
     deadline = arrival + options.deadline_ms / 1e3
-    time_left = (deadline - time.monotonic()) * 1e3
+    time_left = (deadline - time.monotonic()) * 1e3 - runtime.paths[where].ms  # e.g. decode, hand-offs
     wait = runtime.scheduler.wait_ms(deadline)
     return runtime.planner.plan(options.policy, time_left, wait, options.on_infeasible, options.rung)
 
@@ -49,4 +52,4 @@ def admit(runtime: Runtime, scope: Mapping[str, Any], batch: bool, arrival: floa
     if not head.options_complete:
         return Admitted(head)
     options = validate_options(head.fields)
-    return Admitted(head, options, plan_for(runtime, options, arrival))
+    return Admitted(head, options, plan_for(runtime, options, arrival, "parser"))

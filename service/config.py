@@ -29,6 +29,13 @@ class Settings(BaseSettings):
     auto_caution: bool = Field(
         True, description="auto inflates its predictions after late answers (service/caution.py); off: bare"
     )
+    auto_utilization: float = Field(
+        0.7,
+        ge=0,
+        le=4,
+        description="auto keeps the average engine time of its choices within this share of a core per second "
+        "of arrivals (service/load.py); 0: auto ignores the load",
+    )
     warmup_runs: int = Field(5, ge=0)
     # The front door (service/server.py): what a slow or greedy client may hold.
     max_connections: int = Field(512, ge=1, description="open connections; more are answered 503 and closed")

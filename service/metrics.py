@@ -37,6 +37,21 @@ class Metrics:
         self.caution = Gauge(
             "anytime_auto_caution", "Factor on auto's predicted times, raised by its late answers", registry=r
         )
+        self.in_flight = Gauge(
+            "anytime_requests_in_flight", "Classify requests being served: body, plan, queue, run, answer", registry=r
+        )
+        self.arrivals = Gauge(
+            "anytime_arrival_rate", "Classify requests per second, exponentially averaged (service/load.py)", registry=r
+        )
+        self.budget = Gauge(
+            "anytime_auto_budget_ms", "Average engine time auto may give a request at the current rate", registry=r
+        )
+        self.path = Gauge(
+            "anytime_path_ms",
+            "Median time a request spends after planning outside the engines (decode, hand-offs); plans allow it",
+            ["planned"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "anytime_loop_lag_ms",
             "How long each request waited from its parsing to the app starting it (the event loop's backlog)",

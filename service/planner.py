@@ -18,12 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate
+from math import isinf
 
 import numpy as np
 
 from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung
 from service.caution import Caution
 from service.errors import DeadlineInfeasible, OutOfService, UnknownRung
+from service.load import Budget
 from service.predictor import LatencyPredictor
 
 # Combines the logits of the members run so far into the answer's logits (a member cascade's stacker).
@@ -70,6 +72,7 @@ class Option:
     thresholds: list[float] = field(default_factory=list)
     members: list[str] = field(default_factory=list)
     served: bool = True  # not dominated (or dominated ones are served too)
+    reach: list[float] = field(default_factory=lambda: [1.0])  # how often step j runs (a cascade stops early)
 
     def plan(self, policy: Policy) -> Plan:
         return Plan(policy, self.name, list(self.engines), list(self.thresholds), True, self.kind, list(self.members))
@@ -80,11 +83,19 @@ def _rung_option(r: Rung | Ensemble, include_dominated: bool) -> Option:
     return Option(r.name, PlanKind.RUNG, [r.name], [r.val_accuracy], [], members, include_dominated or not r.dominated)
 
 
+def _reach(shares: Sequence[float], steps: int) -> list[float]:
+    """How often each step runs, from the share of answers given after each step (measured by the builder)."""
+    if len(shares) != steps:
+        return [1.0] * steps
+    return [max(0.0, 1.0 - s) for s in accumulate([0.0, *shares[:-1]])]
+
+
 def _stage_option(c: Cascade) -> Option:
     k = len(c.stages)
     # Without recorded depths, only the whole cascade is credited (a shorter run answers, but unmeasured).
     by_depth = list(c.val_accuracy_by_depth) or [0.0] * (k - 1) + [c.val_accuracy]
-    return Option(c.name, PlanKind.STAGES, list(c.stages), by_depth, list(c.thresholds))
+    reach = _reach(c.expected_exit_share, k)
+    return Option(c.name, PlanKind.STAGES, list(c.stages), by_depth, list(c.thresholds), reach=reach)
 
 
 def _member_option(c: MemberCascade, include_dominated: bool) -> Option:
@@ -97,6 +108,7 @@ def _member_option(c: MemberCascade, include_dominated: bool) -> Option:
         list(c.thresholds),
         list(c.members),
         served,
+        _reach(c.test_exit_share, len(c.members)),
     )
 
 
@@ -108,9 +120,11 @@ class Planner:
         margin_ms: float,
         include_dominated: bool = False,
         caution: Caution | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
         self.caution = caution  # None: auto plans on the bare predictions
+        self.budget = budget  # None: auto ignores the load (service/load.py)
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
         rungs = [_rung_option(r, include_dominated) for r in answers]
         stages = [_stage_option(c) for c in ladder.cascades]
@@ -164,18 +178,33 @@ class Planner:
             raise OutOfService(f"rung {name} is out of service (its engine failed); another policy can answer")
         return option
 
-    def _best_within(self, options: list[Option], budget_ms: float) -> Option | None:
-        """The option worth most within the budget: accuracy at the depth that fits, then the cheaper."""
-        best, best_key = None, None
+    def cost(self, option: Option) -> float:
+        """What the option costs a request on average (ms of engine time): each step's typical time, weighted
+        by how often the step runs."""
+        return sum(p * self.predictor.typical(e) for p, e in zip(option.reach, option.engines, strict=True))
+
+    def _best_within(self, options: list[Option], budget_ms: float, cost_cap_ms: float = float("inf")) -> Option | None:
+        """The option worth most within the time budget: accuracy at the depth that fits, then the cheaper.
+
+        Options whose average cost is over `cost_cap_ms` (what the load leaves a request) are left out; when
+        every option that fits is over it, the one that costs least answers.
+        """
+        best, best_key, cheapest, least = None, None, None, float("inf")
         predicted: dict[str, float] = {}  # options share engines: each is predicted once per plan
         for option in options:
             depth = self.depth_within(option, budget_ms, predicted)
             if depth == 0:
                 continue
+            if not isinf(cost_cap_ms):
+                cost = self.cost(option)
+                if cost > cost_cap_ms:
+                    if cost < least:
+                        cheapest, least = option, cost
+                    continue
             key = (option.accuracy_by_depth[depth - 1], -predicted[option.engines[0]])
             if best_key is None or key > best_key:
                 best, best_key = option, key
-        return best
+        return best or cheapest
 
     def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
         """The quickest plan this policy allows and its predicted time to a first answer (ms)."""
@@ -203,7 +232,8 @@ class Planner:
         budget = time_left_ms - wait_ms - self.margin_ms
         if policy is Policy.AUTO:
             cautious = (time_left_ms - self.margin_ms) / self.factor(policy) - wait_ms  # factor x (wait + steps)
-            chosen = self._best_within(self._usable(self.auto), cautious)
+            cap = self.budget.ms() if self.budget is not None else float("inf")
+            chosen = self._best_within(self._usable(self.auto), cautious, cap)
             if chosen is not None:
                 return chosen.plan(policy)
         elif policy is Policy.STATIC:

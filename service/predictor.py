@@ -80,6 +80,10 @@ class LatencyPredictor:
         tail = self.prior(engine, batch) / max(self.prior(engine, batch, "p90"), 1e-6)
         return self._p90[key] * max(tail, 1.0)
 
+    def typical(self, engine: str, batch: int = 1) -> float:
+        """The engine's typical (median) time now: the p99 prediction scaled by the profile's p50/p99."""
+        return self.predict(engine, batch) * self.prior(engine, batch, "p50") / max(self.prior(engine, batch), 1e-6)
+
     def profiled_p50(self, engine: str, batch: int = 1) -> float:
         """The builder's median, measured on an otherwise idle machine: what the engine itself costs."""
         return self.prior(engine, batch, "p50")

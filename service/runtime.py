@@ -8,6 +8,7 @@ import hashlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from engines.base import Engine
@@ -18,10 +19,12 @@ from models.preprocess import PreprocessSpec
 from service.auth import ApiKey
 from service.caution import Caution
 from service.config import Settings
+from service.load import Budget
 from service.metrics import Metrics
 from service.planner import Combiner, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Scheduler
+from service.timing import PathTime
 
 log = logging.getLogger("anytime.runtime")
 
@@ -42,10 +45,19 @@ class Runtime:
         }
         self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
         caution = Caution() if settings.auto_caution else None
+        budget = Budget(settings.auto_utilization) if settings.auto_utilization > 0 else None
         self.planner = Planner(
-            self.ladder, self.predictor, settings.safety_margin_ms, settings.include_dominated, caution
+            self.ladder, self.predictor, settings.safety_margin_ms, settings.include_dominated, caution, budget
         )
         metrics.caution.set_function(lambda: self.planner.factor(Policy.AUTO))
+        if budget is not None:
+            metrics.arrivals.set_function(budget.rate.per_second)
+            metrics.budget.set_function(budget.ms)
+        # What plans allow for the request's own path (service/timing.py), by where the plan was made: in the
+        # HTTP parser (binary bodies: the body is still to be read) or in the route (after parsing).
+        self.paths = {"parser": PathTime(), "route": PathTime()}
+        for where, path in self.paths.items():
+            metrics.path.labels(where).set_function(partial(getattr, path, "ms"))
         # Only what a served plan runs is loaded at start; a dominated rung is loaded when a request names it.
         self.served = [e for e in self.records if e in {x for o in self.planner.auto for x in o.engines}]
         self.engines: dict[str, Engine] = {}
@@ -65,6 +77,8 @@ class Runtime:
         # Large images and bodies are decoded here, off the event loop (service/images.py says what is large).
         self.decoder = ThreadPoolExecutor(1, thread_name_prefix="anytime-decode")
         self.ready = threading.Event()
+        self.in_flight = 0  # classify requests inside the app (service/routes/classify.py)
+        metrics.in_flight.set_function(lambda: self.in_flight)
         self.failed: str | None = None
         self._closing = threading.Event()
         self._loader: threading.Thread | None = None

@@ -27,9 +27,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from engines.manifest import Ladder, load_ladder
 from loadtest.harness import free_port, running_server
 from models.data import FashionMNIST, PreprocessSpec
+from service.admission import plan_for
 from service.app import create_app
 from service.config import Settings
-from service.errors import QueueFull
+from service.errors import DeadlineInfeasible, QueueFull
+from service.schemas import ClassifyOptions
+from service.timing import PathTime
 
 pytestmark = pytest.mark.slow
 
@@ -113,6 +116,11 @@ def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], dict[str, 
     while len(body) < int(headers.get("content-length", 0)):
         body += sock.recv(65536)
     return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def _gauge(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def _log_is_clean(path: Path) -> None:
@@ -518,7 +526,10 @@ def test_sigterm_drains_answers_in_flight_work_and_exits_0(
         threads = [threading.Thread(target=one) for _ in range(6)]
         for t in threads:
             t.start()
-        time.sleep(0.2)
+        # SIGTERM once all six reached the server (one that has not connected yet would be refused, rightly).
+        while _gauge(url, "anytime_requests_in_flight") + len(answers) < 6:
+            assert time.monotonic() < deadline, (answers, failures)
+            time.sleep(0.01)
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
@@ -545,3 +556,24 @@ def test_healthz_turns_503_when_the_worker_died_and_readyz_keeps_details_in_the_
     app.state.runtime.failed = "ValueError: secret path /etc/something"
     r = c.get("/readyz")
     assert r.status_code == 503 and r.json()["code"] == "load_failed" and "secret" not in r.text
+
+
+def test_plans_allow_for_the_path_after_planning(ladder_dir: Path) -> None:
+    """A deadline only the engine fits is refused up front (503), not computed and answered late (504): the
+    plan allows for the median time requests spend after their plan outside the engines (decode, hand-offs)."""
+    path = PathTime(window=8, every=4)
+    for ms in (0.2, 0.3, 5.0, 0.3):  # one stall does not move the median
+        path.observe(ms)
+    assert path.ms == pytest.approx(0.3)
+    app = create_app(Settings(ladder=ladder_dir), load_in_background=False)
+    runtime = app.state.runtime
+    fastest = min(runtime.planner.auto, key=lambda o: runtime.predictor.predict(o.engines[0]))
+    needs = runtime.predictor.predict(fastest.engines[0]) + runtime.settings.safety_margin_ms
+    options = ClassifyOptions(deadline_ms=needs + 1.0)
+    arrival = time.monotonic()
+    assert plan_for(runtime, options, arrival).name  # nothing observed yet: the deadline fits
+    for _ in range(20):
+        runtime.paths["route"].observe(2.0)
+    with pytest.raises(DeadlineInfeasible):
+        plan_for(runtime, options, arrival)
+    assert plan_for(runtime, options, arrival, "parser").name  # each place of planning has its own path

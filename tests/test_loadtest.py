@@ -257,7 +257,7 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
         out=tmp_path,
         deadlines_ms=(20.0,),
         rates=(40.0,),
-        policies=("auto", "auto-bare", "front", "baseline"),
+        policies=("auto", "auto-unloaded", "front", "baseline"),
         repeats=2,
         requests=20,
         duration_s=2.0,
@@ -271,8 +271,8 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
     fixed = [s for s in result.specs if s.label.startswith("fixed:")]
     assert fixed and {s.rung for s in fixed} == set(served_plans(result.ladder))
     assert len(result.cells) == 2 * (3 + len(fixed)) and all(c.metrics["sent"] > 0 for c in result.cells)
-    bare = [c for c in result.cells if c.spec.label == "auto-bare"]
-    assert len(bare) == 2 and bare[0].spec.server == "bare" and bare[0].metrics["answered"] > 0
+    second = [c for c in result.cells if c.spec.label == "auto-unloaded"]  # on its own server, load budget off
+    assert len(second) == 2 and second[0].spec.server == "auto-unloaded" and second[0].metrics["answered"] > 0
     assert {c.repeat for c in result.cells} == {0, 1}
     baseline = next(c for c in result.cells if c.spec.baseline)
     assert baseline.metrics["rung_shares"] and all(r.rung == baseline.spec.rung for r in baseline.records if r.answered)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -19,6 +20,7 @@ from service.errors import (
     ShuttingDown,
     UnknownRung,
 )
+from service.load import ArrivalRate, Budget
 from service.planner import OnInfeasible, Plan, PlanKind, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job, Scheduler
@@ -488,6 +490,7 @@ def _auto_ladder() -> Ladder:
             members=["m1", "m2"],
             thresholds=[0.5],
             val_accuracy_by_depth=[0.82, 0.88],
+            test_exit_share=[0.6, 0.4],
             dominated=False,
         )
     ]
@@ -507,6 +510,47 @@ def test_auto_takes_the_most_accurate_answer_within_the_time_left() -> None:
     with pytest.raises(DeadlineInfeasible):
         planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)
     assert not planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.BEST_EFFORT).feasible
+
+
+def test_arrival_rate_follows_steady_arrivals_and_decays_when_they_stop() -> None:
+    rate = ArrivalRate(tau_s=0.5)
+    for i in range(600):  # 200 a second for 3 s
+        rate.arrive(now=100.0 + i / 200)
+    assert rate.per_second(now=103.0) == pytest.approx(200, rel=0.05)
+    assert rate.per_second(now=105.0) == pytest.approx(rate.per_second(now=103.0) * math.exp(-2 / 0.5))
+    assert Budget(0.5, rate).ms(now=103.0) == pytest.approx(0.5 / rate.per_second(now=103.0) * 1e3)
+    assert Budget(0.5).ms() == math.inf  # nothing arrived yet: no limit
+
+
+def test_auto_under_load_keeps_to_what_the_arrival_rate_leaves_a_request() -> None:
+    """Average costs (p50 1.0 ms each, see _record): fast 1.0; members m1 + 0.4 x m2 (60 % stop after m1) =
+    1.4; slow 20; the stage cascade 60 (its val shares say every image runs all three stages)."""
+    ladder = _auto_ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+    budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0))
+    planner = Planner(ladder, predictor, margin_ms=1.0, budget=budget)
+    assert planner.cost(planner.options["members"]) == pytest.approx(1.4)
+    assert planner.cost(planner.options["cascade"]) == pytest.approx(60.0)
+
+    def arrivals(per_s: float) -> None:  # within microseconds: the decay is negligible
+        budget.rate._rate, budget.rate._at = 0.0, time.monotonic()
+        for _ in range(round(per_s)):
+            budget.rate.arrive()
+
+    assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "cascade"  # idle: as before
+    arrivals(10)  # 70 ms a request
+    assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "cascade"
+    arrivals(100)  # 7 ms: the cascade (60) and slow (20) cost too much; the member cascade (1.4) does not
+    assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "members"
+    arrivals(600)  # 1.17 ms: only fast
+    assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "fast"
+    arrivals(2000)  # 0.35 ms: nothing is within it; the cheapest option that fits answers
+    assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "fast"
+    # The deadline still rules: with 2.2 ms left only the one-step options fit (as without a budget).
+    arrivals(100)
+    assert planner.plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "members"
+    with pytest.raises(DeadlineInfeasible):
+        planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)
 
 
 def _member_scheduler() -> tuple[Scheduler, Planner, dict[str, SleepEngine]]:

@@ -49,7 +49,7 @@ from service.requests import (
 from service.runtime import Runtime
 from service.scheduler import Job
 from service.schemas import ClassifyOptions
-from service.timing import Clock
+from service.timing import Clock, PathTime
 
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]]] | None  # status, JSON body, headers; None: client gone
 
@@ -61,14 +61,19 @@ class ClassifyApp:
         self.batch = batch
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        answer = await _handle(scope, receive, self.batch)
-        if answer is None:  # the client left: there is no one to answer
-            return
-        status, body, headers = answer
-        head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
-        head.append((b"x-request-id", scope["state"]["request_id"].encode()))
-        await send({"type": "http.response.start", "status": status, "headers": head})
-        await send({"type": "http.response.body", "body": body})
+        runtime: Runtime = scope["app"].state.runtime
+        runtime.in_flight += 1  # the event loop's thread only: a plain count (anytime_requests_in_flight)
+        try:
+            answer = await _handle(scope, receive, self.batch)
+            if answer is None:  # the client left: there is no one to answer
+                return
+            status, body, headers = answer
+            head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+            head.append((b"x-request-id", scope["state"]["request_id"].encode()))
+            await send({"type": "http.response.start", "status": status, "headers": head})
+            await send({"type": "http.response.body", "body": body})
+        finally:
+            runtime.in_flight -= 1
 
 
 routes = [
@@ -110,6 +115,7 @@ async def _handle(scope: Scope, receive: Receive, batch: bool) -> Answer:
         # Admitted by the HTTP parser already (service/server.py), or here: before the body is read.
         admitted = scope["state"].pop("admitted", None) or admit(runtime, scope, batch, clock.arrival)
         head, options, plan = admitted.head, admitted.options, admitted.plan
+        planned, where = clock.arrival, "parser"  # planned with admission, as the request arrived (or below)
         body = await read_body(receive, runtime.settings.max_body_bytes, *_body_limit(runtime, options, clock))
         clock.lap("receive")
         fields, items = await _parse(runtime, scope, head, body, batch)
@@ -120,6 +126,7 @@ async def _handle(scope: Scope, receive: Receive, batch: bool) -> Answer:
         clock.lap("validate")
         if plan is None:
             plan = plan_for(runtime, options, clock.arrival)
+            planned, where = time.monotonic(), "route"
         await runtime.require(plan.engines)  # a dominated rung is loaded on first use
         clock.lap("plan")
         inputs = await _decode(runtime, items, len(body))
@@ -141,7 +148,7 @@ async def _handle(scope: Scope, receive: Receive, batch: bool) -> Answer:
         for job in jobs:
             runtime.scheduler.cancel(job)
         return _error(ShuttingDown("the server is shutting down", headers={"Retry-After": "1"}), clock)
-    _time_jobs(clock, jobs)
+    _time_jobs(clock, jobs, runtime.paths[where], planned)
     return _encode(runtime, jobs, [r for _, r in inputs], options, clock, batch)
 
 
@@ -227,8 +234,9 @@ async def _wait(receive: Receive, runtime: Runtime, jobs: list[Job], waiter: _Wa
         watcher.cancel()
 
 
-def _time_jobs(clock: Clock, jobs: list[Job]) -> None:
-    """The scheduler's phases, taken from the job that finished last."""
+def _time_jobs(clock: Clock, jobs: list[Job], path: PathTime, planned: float) -> None:
+    """The scheduler's phases, taken from the job that finished last; and the path after the plan, which
+    the next plans allow for (service/timing.py: PathTime)."""
     decoded = clock.last
     resumed = clock.lap("handback")
     last = max(jobs, key=lambda j: j.finished or 0.0)
@@ -238,6 +246,7 @@ def _time_jobs(clock: Clock, jobs: list[Job]) -> None:
     clock.add("queue", ((last.finished - last.submitted) - last.run_s) * 1e3)
     clock.add("run", last.run_s * 1e3)
     clock.add("handback", (resumed - last.finished) * 1e3)
+    path.observe((last.submitted - planned + resumed - last.finished) * 1e3)
 
 
 def _encode(
