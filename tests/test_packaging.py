@@ -1,15 +1,23 @@
-"""The Dockerfile passes hadolint; docker-compose.yml has the structure we rely on. (No Docker engine here.)"""
+"""Packaging: the supported Pythons (3.10 to 3.12) in the metadata, the Makefile and the exact pins of the CPU
+install; the Dockerfile passes hadolint; docker-compose.yml has the structure we rely on. (No Docker engine here.)"""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
+import pytest
 import yaml
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILES = ["Dockerfile"]
+SUPPORTED = [(3, 10), (3, 11), (3, 12)]
 
 
 def _hadolint() -> str:
@@ -18,8 +26,14 @@ def _hadolint() -> str:
     return exe
 
 
-def test_dockerfile_passes_hadolint() -> None:
-    result = subprocess.run([_hadolint(), str(ROOT / "Dockerfile")], capture_output=True, text=True)
+def _pyproject() -> dict:  # type: ignore[type-arg]
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the 3.10 runs skip the checks that read the file
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
+    result = subprocess.run([_hadolint(), str(ROOT / dockerfile)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -27,6 +41,7 @@ def test_dockerfile_essentials() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "FROM python:3.11-slim" in text and "USER 10001" in text
     assert "HEALTHCHECK" in text and "/readyz" in text and "anytime build" in text
+    assert "pip install --no-cache-dir -c constraints/cpu.txt '.[cpu]'" in text  # torch comes with the cpu extra
 
 
 def test_compose_structure() -> None:
@@ -37,3 +52,64 @@ def test_compose_structure() -> None:
     loadgen = compose["services"]["loadgen"]
     assert loadgen["profiles"] == ["load"] and loadgen["depends_on"]["anytime"]["condition"] == "service_healthy"
     assert loadgen["command"][:2] == ["anytime", "loadtest"]
+
+
+def test_metadata_supports_python_3_10_to_3_12() -> None:
+    from packaging.specifiers import SpecifierSet
+
+    spec = SpecifierSet(_pyproject()["project"]["requires-python"])
+    assert all(f"{a}.{b}.0" in spec for a, b in SUPPORTED)
+    assert "3.9.18" not in spec and "3.13.0" not in spec
+
+
+def _makefile_check() -> str:
+    """The Python check of the Makefile's venv recipe: the code it hands to `$(PYTHON) -c`."""
+    match = re.search(r"\$\(PYTHON\) -c '([^']*version_info[^']*)'", (ROOT / "Makefile").read_text())
+    assert match, "the Makefile checks the Python version before it makes the venv"
+    return match.group(1)
+
+
+@pytest.mark.parametrize(("version", "accepted"), [((3, 9), False), *((v, True) for v in SUPPORTED), ((3, 13), False)])
+def test_makefile_accepts_python_3_10_to_3_12(version: tuple[int, int], accepted: bool) -> None:
+    code = _makefile_check()
+    assert code.startswith("import sys;")
+    fake_sys = types.SimpleNamespace(version_info=(*version, 0, "final", 0), exit=sys.exit)
+    with pytest.raises(SystemExit) as stop:
+        exec(code.removeprefix("import sys;").strip() + "\nsys.exit(0)", {"sys": fake_sys})
+    assert (stop.value.code in (0, None, False)) is accepted
+
+
+def test_makefile_check_passes_on_this_python_and_prefers_3_11() -> None:
+    subprocess.run([sys.executable, "-c", _makefile_check()], check=True)
+    text = (ROOT / "Makefile").read_text()
+    assert "command -v python3.11 || command -v python3.12 || command -v python3.10 || command -v python3" in text
+    assert "-c $(CONSTRAINTS) -e '.[cpu,dev]'" in text and "CONSTRAINTS := constraints/cpu.txt" in text
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.11"])
+def test_cpu_constraints_pin_every_dependency_within_its_range(python: str) -> None:
+    """constraints/cpu.txt holds one exact version of every dependency (and of the cpu and dev extras) for each
+    Python it installs on, and each lies in pyproject.toml's range; torch stays out of the base dependencies."""
+    project = _pyproject()["project"]
+    env = {**default_environment(), "python_version": python, "python_full_version": f"{python}.0"}
+    wanted = [
+        Requirement(r)
+        for r in project["dependencies"]
+        + [*project["optional-dependencies"]["cpu"], *project["optional-dependencies"]["dev"]]
+    ]
+    wanted = [r for r in wanted if r.marker is None or r.marker.evaluate(env)]
+    pins: dict[str, str] = {}
+    for line in (ROOT / "constraints/cpu.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            pin = Requirement(line)
+            if pin.marker is None or pin.marker.evaluate(env):
+                assert pin.name not in pins, f"{pin.name} pinned twice for Python {python}"
+                (spec,) = pin.specifier
+                assert spec.operator == "==", line
+                pins[pin.name] = spec.version
+    for req in wanted:
+        assert req.name in pins, f"{req.name} has no pin for Python {python}"
+        assert req.specifier.contains(pins[req.name]), f"{req.name}=={pins[req.name]} is outside {req.specifier}"
+    assert pins["torch"] == "2.14.1" and pins["torchvision"] == "0.29.1"
+    assert not any(Requirement(r).name.startswith("torch") for r in project["dependencies"])
