@@ -16,6 +16,7 @@ RUN apt-get update \
 RUN useradd --create-home --uid 10001 anytime
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY constraints constraints
 COPY service service
 COPY models models
 COPY engines engines
@@ -23,7 +24,8 @@ COPY calibration calibration
 COPY loadtest loadtest
 COPY bench bench
 COPY cli cli
-RUN pip install --no-cache-dir . \
+# The exact versions of the CPU install (constraints/cpu.txt); the cpu extra brings torch.
+RUN pip install --no-cache-dir -c constraints/cpu.txt '.[cpu]' \
     && anytime build models/checkpoints/resnet_exits_fmnist.pt --out /app/ladders/default \
     && chown -R anytime:anytime /app
 

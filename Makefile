@@ -1,6 +1,8 @@
 # Set-up is idempotent: `make serve` and `make test` each create .venv, install the data and the
 # Python dependencies when missing, then do their job.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# Python 3.10 to 3.12; 3.11 first: the pinned torch wheels (constraints/cpu.txt) are built for it.
+PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.10 || command -v python3)
+CONSTRAINTS := constraints/cpu.txt
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -22,12 +24,13 @@ venv: $(STAMP)
 # Editable install in compat mode puts the checkout on sys.path. The default editable finder ranks below
 # sys.path, and onnxruntime.transformers appends a directory holding a namespace package named `models`,
 # which then shadowed ours (the registry came up empty).
-$(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || \
-		{ echo "error: Python 3.11 is required (found $$($(PYTHON) --version))" >&2; exit 1; }
+# The exact versions come from $(CONSTRAINTS); the cpu extra brings torch (a Jetson uses its JetPack's instead).
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@$(PYTHON) -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 12))' || \
+		{ echo "error: Python 3.10, 3.11 or 3.12 is required (found $$($(PYTHON) --version))" >&2; exit 1; }
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[cpu,dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 data:

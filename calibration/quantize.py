@@ -6,7 +6,6 @@ import contextlib
 import io
 import logging
 import tempfile
-from enum import StrEnum
 from pathlib import Path
 
 import onnx
@@ -15,6 +14,7 @@ from onnxruntime.quantization import CalibrationMethod as OrtMethod
 from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
 
 from calibration.data import CalibrationSet, OrtCalibrationReader
+from models.compat import StrEnum
 
 
 class CalibrationMethod(StrEnum):

@@ -123,7 +123,7 @@ def run_loadtest(args: argparse.Namespace) -> None:
         body=args.body,
     )
     split = open_source(args.data).split("test")
-    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
         records = run_load(config, split, progress=not args.quiet)
     except ConnectionError as e:

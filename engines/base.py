@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from enum import StrEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from models.compat import StrEnum
 
 
 class Precision(StrEnum):

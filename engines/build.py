@@ -289,7 +289,7 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     phases.done("member cascades")
 
     ladder = Ladder(
-        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         checkpoint=ctx.inputs.artifact,
         model=ctx.inputs.checkpoint.model_name,
         network_config=ctx.inputs.checkpoint.model_config,

@@ -8,12 +8,12 @@ expected form (inputs, outputs, operator types).
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 
 from engines.base import ArtifactError, Backend, Engine, EngineBase, Precision, softmax, verify_artifact
+from models.compat import StrEnum
 
 STACKER_INPUT = "member_probabilities"
 STACKER_OUTPUTS = ("label", "probabilities")

@@ -19,7 +19,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -32,6 +31,7 @@ from loadtest.harness import png_base64
 from loadtest.http import TRANSPORT_ERRORS, ConnectionPool
 from loadtest.schedule import DeadlineMix, Workload, arrival_rng, make_workload, poisson_offsets
 from loadtest.summary import Record, summarize, write_records
+from models.compat import StrEnum
 from models.data import Split
 
 MAX_CONNECTIONS = 512  # below the usual 1024 open-file limit; more outstanding requests wait for one
@@ -136,7 +136,7 @@ class _Sender:
         )
         try:
             response = await self.pool.send(self.requests[i], self.timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
             record.client_ms, record.code = (time.perf_counter() - sent) * 1e3, "client_timeout"
             return record
         except TRANSPORT_ERRORS:
@@ -213,7 +213,7 @@ async def _run(config: LoadConfig, split: Split, progress: bool) -> list[Record]
 async def _check_ready(pool: ConnectionPool, config: LoadConfig) -> None:
     try:
         response = await pool.send(pool.request("GET", "/readyz"), config.timeout_s)
-    except (TimeoutError, *TRANSPORT_ERRORS) as e:
+    except (asyncio.TimeoutError, *TRANSPORT_ERRORS) as e:
         raise ConnectionError(f"no server answers at {config.url}: {type(e).__name__}") from None
     if response.status != 200:
         raise ConnectionError(f"the server at {config.url} is not ready (/readyz answered {response.status})")
@@ -228,8 +228,7 @@ def run_load(config: LoadConfig, split: Split, progress: bool = True) -> list[Re
     gc.collect()
     gc.disable()
     try:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(_run(config, split, progress))
+        return uvloop.run(_run(config, split, progress))
     finally:
         gc.enable()
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from models.compat import timeout
+
 # What a failed exchange can raise: refused/reset connections, a response cut short or malformed.
 TRANSPORT_ERRORS = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)
 
@@ -147,8 +149,8 @@ class ConnectionPool:
         return (head + "\r\n").encode() + body
 
     async def send(self, request: bytes, timeout_s: float) -> Response:
-        """Send on a pooled connection; raises TimeoutError, or one of TRANSPORT_ERRORS."""
-        async with self.slots, asyncio.timeout(timeout_s):
+        """Send on a pooled connection; raises asyncio.TimeoutError, or one of TRANSPORT_ERRORS."""
+        async with self.slots, timeout(timeout_s):
             while self.idle:
                 conn = self.idle.pop()
                 if conn.closed:  # the server closed it while idle (keep-alive timeout)

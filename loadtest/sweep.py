@@ -271,7 +271,7 @@ def _cell_name(cell: Cell) -> str:
 
 def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
     """The union bound first (offline, before any server runs), then the rates, every cell, the capacities."""
-    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     ladder = load_ladder(config.ladder)
     specs = policy_specs(ladder, config.policies)

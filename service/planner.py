@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from itertools import accumulate
 from math import isinf
 
 import numpy as np
 
 from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung
+from models.compat import StrEnum
 from service.caution import Caution
 from service.errors import DeadlineInfeasible, OutOfService, UnknownRung
 from service.load import Budget

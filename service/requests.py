@@ -20,6 +20,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.types import Receive, Scope
 
+from models.compat import timeout
 from models.preprocess import PreprocessSpec
 from service.errors import ApiError, BadImage, ClientGone, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from service.images import Pending, open_bytes, open_item, open_tensor, parse_shape
@@ -85,7 +86,7 @@ async def read_body(receive: Receive, limit: int, timeout_s: float, on_timeout: 
         return body
     chunks, size = [body], len(body)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with timeout(timeout_s):
             while message.get("more_body", False):
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -95,7 +96,7 @@ async def read_body(receive: Receive, limit: int, timeout_s: float, on_timeout: 
                 if size > limit:  # chunked bodies carry no Content-Length to refuse up front
                     raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
                 chunks.append(chunk)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
         raise on_timeout from None
     return b"".join(chunks)
 
