@@ -28,14 +28,20 @@ from models.data import FashionMNIST, PreprocessSpec
 VARIANTS = [("fp32", "onnxruntime"), ("int8", "onnxruntime"), ("fp16", "onnxruntime"), ("bf16", "openvino")]
 
 
-def _open(directory: Path, ladder: Ladder, k: int, precision: str, backend: str) -> tuple[int, Engine]:
-    """(file bytes, engine) of exit k; precisions the probe did not build are made here from the FP32 file."""
+def _open(directory: Path, ladder: Ladder, k: int, precision: str, backend: str) -> tuple[int, Engine] | None:
+    """(file bytes, engine) of exit k; precisions the probe did not build are made here from the FP32 file,
+    except INT8, which needs calibration: None when the build quantized no file of this exit (where INT8 does
+    not pay, only the probe's graph, the last exit, is quantized)."""
     name = f"exit{k}.{precision}.{backend}"
     rec = next((r for r in ladder.rungs if r.name == name), None)
     if rec is not None:
         engine = open_engine(rec.backend, directory / rec.artifact.path, rec.precision, ladder.threads)
         return rec.artifact.bytes, engine
     path = directory / f"exit{k}.fp32.onnx"
+    if precision == "int8":
+        path = directory / f"exit{k}.int8.onnx"
+        if not path.is_file():
+            return None
     if precision == "fp16":
         path = convert_fp16(path, Path(tempfile.mkdtemp()) / f"exit{k}.fp16.onnx")
     return path.stat().st_size, open_engine(Backend(backend), path, Precision(precision), ladder.threads)
@@ -63,7 +69,12 @@ def main() -> None:
     for k in exits:
         engines = {}
         for precision, backend in VARIANTS:
-            engines[(precision, backend)] = _open(args.ladder, ladder, k, precision, backend)
+            opened = _open(args.ladder, ladder, k, precision, backend)
+            if opened is None:
+                why = ladder.probe.reasons.get(precision, "") if ladder.probe else ""
+                print(f"{k:>4} {precision + '/' + backend:<17} not built on this machine (probe: {why})")
+            else:
+                engines[(precision, backend)] = opened
         times: dict[tuple[str, str], dict[int, list[float]]] = {v: {1: [], 32: []} for v in engines}
         for _ in range(args.rounds):
             for variant, (_, engine) in engines.items():

@@ -79,9 +79,10 @@ def main() -> None:
         engine = open_record(args.ladder, ladder, ladder.rung(name), ladder.threads)
         logits[name] = predict_logits(engine, val, spec), predict_logits(engine, test, spec)
         engine.close()
-    best = max((r for r in ladder.rungs if r.precision == "int8"), key=lambda r: r.test_accuracy)
+    int8 = [r for r in ladder.rungs if r.precision == "int8"]  # none where the probe found INT8 does not pay
+    best = max(int8 or ladder.rungs, key=lambda r: r.test_accuracy)
     print(
-        f"best single INT8 rung: {best.name}, test {best.test_accuracy:.2%}; target +0.5 pp = "
+        f"best single {'INT8 ' if int8 else ''}rung: {best.name}, test {best.test_accuracy:.2%}; target +0.5 pp = "
         f"{best.test_accuracy + 0.005:.2%}"
     )
     print("each cell: val (out-of-fold for fitted combiners) / test, in %; * marks the builder's choice")

@@ -5,8 +5,9 @@ This module only orchestrates; each step lives in engines/steps/ with its own co
 result is keyed by content hashes in `build-cache.json` (engines/steps/cache.py), so a re-run with nothing
 changed does no work:
 
-    cut search -> graphs -> export (process pool) -> calibration method -> INT8 (process pool)
-    -> probe (which optional precisions pay) -> FP32 rungs -> cut front -> other rungs and members
+    cut search -> graphs -> export (process pool) -> calibration method -> probe (on the last exit: which
+    precisions besides FP32 pay here) -> INT8 of every graph where it pays (process pool) -> accuracy
+    -> FP32 rungs -> cut front -> other rungs and members
     -> cascades -> [TensorRT plans, their rungs and cascades] -> ensemble search, stackers -> Pareto marks
     -> ladder.json -> rung table
 
@@ -59,7 +60,7 @@ from engines.steps.measure import ProfileConfig, machine_info
 from engines.steps.member_cascades import MemberCascadeConfig, build_member_cascades
 from engines.steps.pareto import keep_pareto_cuts, keep_pareto_ensembles
 from engines.steps.plan_rungs import PlanConfig, build_plans, choose_backend, plan_rungs
-from engines.steps.probe import RULE, ProbeConfig, built_precisions, run_probe
+from engines.steps.probe import ProbeConfig, built_precisions, run_probe
 from engines.steps.report import ladder_table, summary
 from engines.steps.rungs import make_rung
 from engines.steps.stacker import stacker_versions
@@ -97,7 +98,7 @@ class BuildConfig:
     members: tuple[Path, ...] = DEFAULT_MEMBERS  # single-exit checkpoints for ensembles; () builds none
     int8_max_drop_pp: float = 1.0  # a member whose INT8 rung loses more val accuracy joins ensembles in FP32
     stacker_seed: int = 0
-    precisions: tuple[Precision, ...] | None = None  # None: FP32, INT8 and what the probe says pays here
+    precisions: tuple[Precision, ...] | None = None  # None: FP32 and what the probe says pays here
     workers: int = field(default_factory=default_workers)  # processes for export and calibration
     eval_threads: int = field(default_factory=lambda: os.cpu_count() or 1)  # accuracy passes are never timed
     ensemble_starts: str = "every"
@@ -233,21 +234,28 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     cuts = plan_graphs(ctx.inputs, exported_cuts(full, path, config.cuts()), base=False)
     _export(ctx, cuts, fp32_evals)
     calibration = choose_method(ctx, exits[-1], config.calibration())
-    # INT8 passes start once every file is quantized: beside quantization they slowed it from 15 s to 29 s
-    # (its calibration sessions, the FP32 passes and two INT8 passes on two cores) and gained nothing.
-    quantize_graphs(ctx, stages + exits + cuts + members, calibration.method, config.calibration())
-    for g in exits + cuts + members:
-        int8_evals.logits(ctx.out / g.file(INT8.file), INT8.backend, INT8.precision)
-    int8_evals.chain(_chain(ctx, stages, INT8))
+    # The probe decides which precisions can pay here, INT8 among them, before the other graphs are quantized:
+    # where INT8 is slower than FP32 (x86 without VNNI) its files, evaluations and profiles would be wasted.
+    # It times engines, so the FP32 evaluations finish first (beside them, on a busy 2-vCPU machine, an
+    # OpenVINO engine came out 29 % faster than ONNX Runtime's FP32 one, against 1 % on a quiet machine).
+    quantize_graphs(ctx, [exits[-1]], calibration.method, config.calibration())
     fp32_evals.wait()
-    int8_evals.wait()
-    phases.done("export, cut search, calibration, accuracy")
-
     probe = run_probe(ctx, exits[-1], config.probe())
     probe.built = built_precisions(probe, config.precisions)
     kinds = [CPU_ENGINES[p] for p in probe.built]
-    ctx.log(f"precisions built: {', '.join(probe.built)} ({RULE.format(min_speedup=config.probe().min_speedup)})")
-    phases.done("probe")
+    ctx.log(f"precisions built: {', '.join(probe.built)} ({config.probe().rule()})")
+    int8 = INT8 in kinds
+    quantized = stages + exits + cuts + members if int8 or config.backend is Backend.TENSORRT else [exits[-1]]
+    # INT8 passes start once every file is quantized: beside quantization they slowed it from 15 s to 29 s
+    # (its calibration sessions, the FP32 passes and two INT8 passes on two cores) and gained nothing.
+    quantize_graphs(ctx, quantized, calibration.method, config.calibration())  # TensorRT's INT8 plans need them
+    if int8:
+        for g in exits + cuts + members:
+            int8_evals.logits(ctx.out / g.file(INT8.file), INT8.backend, INT8.precision)
+        int8_evals.chain(_chain(ctx, stages, INT8))
+    phases.done("export, cut search, calibration, FP32 accuracy, probe, INT8 files")
+    int8_evals.wait()
+    phases.done("INT8 accuracy")
 
     # Cut variants off the FP32 accuracy/latency front are dropped before any other engine is made.
     fp32 = [make_rung(ctx, g, FP32, profile) for g in ctx.bar(exits + cuts, "measure FP32 rungs")]
@@ -258,8 +266,8 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
             fp16_file(ctx, g)
     others = [(g, k) for g in answering for k in kinds if k is not FP32]
     rungs: list[Rung] = fp32 + [make_rung(ctx, g, k, profile) for g, k in ctx.bar(others, "measure other rungs")]
-    # Members get the precisions ensembles use (FP32 and INT8), measured like any rung.
-    pairs = [(g, k) for g in members for k in (FP32, INT8)]
+    # Members get the precisions ensembles use (FP32, and INT8 where it pays), measured like any rung.
+    pairs = [(g, k) for g in members for k in (FP32, INT8) if k in kinds]
     rungs += [make_rung(ctx, g, k, profile) for g, k in ctx.bar(pairs, "measure member rungs")]
     rungs.sort(key=lambda r: (KIND_ORDER[r.kind], r.name))  # exits, then cuts, then members; by name
     phases.done("rungs")
@@ -313,7 +321,9 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
         ensembles=ensembles,
         ensemble_search=tried,
         member_cascades=member_cascades,
-        tensorrt_sources=[ctx.artifact(ctx.out / g.file(Precision.INT8, True)) for g in stages + answering + members],
+        tensorrt_sources=[ctx.artifact(ctx.out / g.file(Precision.INT8, True)) for g in stages + answering + members]
+        if len(quantized) > 1
+        else [],
         probe=probe,
         build_steps={
             "ran": len(ctx.cache.ran),
@@ -397,8 +407,8 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     precisions.add_argument(
         "--precisions",
         type=_precisions,
-        help="build these precisions besides FP32 and INT8, e.g. fp32,int8,bf16 (default: those the probe "
-        "finds can pay on this machine)",
+        help="build exactly these precisions besides FP32, e.g. int8 or int8,bf16 (default: those the probe "
+        "finds can pay on this machine; INT8 pays on x86 CPUs with VNNI, not on AVX2 alone)",
     )
     precisions.add_argument("--all-precisions", action="store_true", help="build FP32, INT8, BF16 and FP16")
     p.add_argument(

@@ -143,7 +143,7 @@ class Probe(_Model):
     engines: list[ProbeEngine]
     pays: dict[str, bool]  # precision -> can pay here
     reasons: dict[str, str]
-    built: list[Precision]  # the precisions this ladder was built in (FP32 and INT8 always)
+    built: list[Precision]  # the precisions this ladder was built in (FP32 always)
 
 
 class Stage(EngineRecord):

@@ -42,6 +42,7 @@ class StepCache:
         self.seconds: dict[str, float] = {}  # time spent running steps, by family (the name up to its first "/")
         self._hashes: dict[tuple[str, int, int], str] = {}
         self._lock = threading.Lock()  # evaluations run in background threads (engines/steps/evaluate.py)
+        self._running: dict[str, threading.Lock] = {}  # one lock per step: a step asked for twice at once runs once
 
     def sha256(self, path: Path) -> str:
         """The file's sha256, computed once per (path, size, mtime) in this process."""
@@ -87,14 +88,20 @@ class StepCache:
             self._save()
 
     def run(self, step: str, key: Any, make: Callable[[], T], files: Sequence[Path] = ()) -> T:
-        """`make()`'s JSON-able result, or the recorded one when `step` is fresh; `files` are what make() writes."""
-        fresh, result = self.lookup(step, key)
-        if fresh:
-            self.skipped.append(step)
-            return result  # type: ignore[no-any-return]
-        start = time.perf_counter()
-        result = make()
-        self.record(step, key, result, files)
+        """`make()`'s JSON-able result, or the recorded one when `step` is fresh; `files` are what make() writes.
+
+        A step another thread is running (the probe and a background evaluation may want the same logits) is
+        waited for, then found fresh."""
+        with self._lock:
+            running = self._running.setdefault(step, threading.Lock())
+        with running:
+            fresh, result = self.lookup(step, key)
+            if fresh:
+                self.skipped.append(step)
+                return result  # type: ignore[no-any-return]
+            start = time.perf_counter()
+            result = make()
+            self.record(step, key, result, files)
         self.ran.append(step)
         family = step.split("/")[0]
         with self._lock:

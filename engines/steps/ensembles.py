@@ -99,12 +99,16 @@ def dominated_by_estimate(
 
 
 def ensemble_bases(ctx: BuildContext, rungs: list[Rung], last_exit: str, config: EnsembleConfig) -> list[Rung]:
-    """The main model's INT8 last exit and each member's INT8 rung; FP32 where INT8 lost too much on val."""
+    """The main model's INT8 last exit and each member's INT8 rung; FP32 where INT8 lost too much on val, or
+    where INT8 was not built (it does not pay on this machine)."""
     by_name = {r.name: r for r in rungs}
     bases = []
     for graph in [last_exit, *ctx.inputs.members]:
-        int8 = by_name[f"{graph}.{Precision.INT8}.{Backend.ONNXRUNTIME}"]
         fp32 = by_name[f"{graph}.{Precision.FP32}.{Backend.ONNXRUNTIME}"]
+        int8 = by_name.get(f"{graph}.{Precision.INT8}.{Backend.ONNXRUNTIME}")
+        if int8 is None:
+            bases.append(fp32)
+            continue
         drop_pp = (fp32.val_accuracy - int8.val_accuracy) * 100
         if drop_pp > config.int8_max_drop_pp:
             ctx.log(f"{graph}: INT8 loses {drop_pp:.2f} pp on val (> {config.int8_max_drop_pp}); FP32 joins")

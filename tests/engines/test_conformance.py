@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from pathlib import Path
 
@@ -9,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from calibration.quantize import int8_saturates
 from engines.backends.torch import TorchEngine
 from engines.base import Backend, Engine, Precision
 from engines.factory import open_engine
-from engines.manifest import Ladder
+from engines.manifest import Ladder, load_ladder
+from engines.steps.calibrate import QuantJob, run_quant_job
 from engines.steps.export import convert_fp16
 from engines.steps.modules import ExitGraph
 from models.checkpoint import Checkpoint
@@ -24,6 +27,29 @@ def images(fmnist: FashionMNIST, default_checkpoint: Checkpoint) -> tuple[np.nda
     """The first 1,000 test images, normalized, and their labels."""
     test = fmnist.split("test").head(1000)
     return default_checkpoint.preprocess.normalize(test.images), test.labels
+
+
+@functools.cache
+def _quantized(ladder_dir: Path, graph: str) -> Path:
+    """`graph`'s INT8 file as the build makes it (engines/steps/calibrate.py), for a ladder built without INT8."""
+    ladder = load_ladder(ladder_dir, verify=False)
+    tmp = Path(tempfile.mkdtemp())
+    stage = int(graph.removeprefix("stage")) if graph.startswith("stage") else 0
+    run_quant_job(
+        QuantJob(
+            fp32=str(ladder_dir / f"{graph}.fp32.onnx"),
+            cpu=str(tmp / f"{graph}.int8.onnx"),
+            trt=None,
+            data="fashion-mnist",
+            spec=ladder.preprocess,
+            samples=ladder.calibration.samples,
+            feeders=tuple(str(ladder_dir / f"stage{s}.fp32.onnx") for s in range(1, stage)),
+            method=str(ladder.calibration.method),
+            ranges=str(tmp / "ranges.json"),
+            reduce_range=int8_saturates(),
+        )
+    )
+    return tmp / f"{graph}.int8.onnx"
 
 
 class EngineConformance:
@@ -42,13 +68,17 @@ class EngineConformance:
 
     def open_unbuilt(self, ladder_dir: Path, name: str) -> Engine:
         """A precision the probe did not build on this machine: the engine the builder would make, from the
-        ladder's FP32 file (OpenVINO runs it in BF16; FP16 is converted as the export step converts it)."""
-        fp32 = ladder_dir / f"{name.split('.')[0]}.fp32.onnx"
+        ladder's FP32 file (OpenVINO runs it in BF16; FP16 is converted as the export step converts it; INT8 is
+        calibrated as the build calibrates, with the ladder's method and samples)."""
+        graph = name.split(".")[0]
+        fp32 = ladder_dir / f"{graph}.fp32.onnx"
         if self.precision is Precision.BF16:
             return open_engine(self.backend, fp32, self.precision, 2)
         if self.precision is Precision.FP16:
             fp16 = convert_fp16(fp32, Path(tempfile.mkdtemp()) / fp32.name.replace(".fp32.", ".fp16."))
             return open_engine(self.backend, fp16, self.precision, 2)
+        if self.precision is Precision.INT8:
+            return open_engine(self.backend, _quantized(ladder_dir, graph), self.precision, 2)
         raise AssertionError(f"{name} is not in the ladder")
 
     def exit_engine(self, ladder_dir: Path, ladder: Ladder, k: int) -> Engine:

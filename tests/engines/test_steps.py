@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from engines.base import Backend, EngineBase, Precision
-from engines.manifest import Artifact, LatencyProfile, Rung
+from engines.manifest import Artifact, LatencyProfile, Probe, Rung
 from engines.steps.cache import StepCache
 from engines.steps.ensembles import dominated_by_estimate, forward_selection
 from engines.steps.measure import ProfileConfig, measure_latency, p99_stable
-from engines.steps.probe import decide
+from engines.steps.probe import built_precisions, decide
 
 # -- the probe ----------------------------------------------------------------------------------------------
 
@@ -32,6 +32,25 @@ def test_probe_rule_with_substituted_timings_builds_only_what_can_pay() -> None:
     assert decide({**p50, Precision.BF16: 0.15}, val, 0.05)[Precision.BF16][0] is True
     # Faster than FP32 by less than the margin is not faster.
     assert decide({**p50, Precision.BF16: 0.59}, {**val, Precision.BF16: 0.95}, 0.05)[Precision.BF16][0] is False
+    assert decisions[Precision.INT8][0] is True  # 0.19 vs 0.60 ms: VNNI's pattern
+
+
+def test_probe_rule_leaves_out_int8_where_it_is_not_faster_than_fp32() -> None:
+    """This AVX2 CPU's pattern (2026-11-25, exit 3): INT8 slower than FP32 at batch 1 on a quiet machine, 9 %
+    faster with other work beside the probe: no INT8 rung can pay. Then BF16, if faster than FP32, pays with no
+    INT8 to dominate it."""
+    p50 = {Precision.FP32: 3.31, Precision.INT8: 3.55, Precision.BF16: 3.75, Precision.FP16: 3.95}
+    val = {Precision.FP32: 0.9428, Precision.INT8: 0.9426}
+    decisions = decide(p50, val, min_speedup=0.05, int8_min_speedup=0.2)
+    assert decisions[Precision.INT8] == (False, "3.550 ms at batch 1 is 1.07x FP32's 3.310 ms (not 20% faster or more)")
+    contended = {**p50, Precision.FP32: 4.322, Precision.INT8: 3.945}
+    assert decide(contended, val, 0.05, 0.2)[Precision.INT8][0] is False
+    assert decide({**p50, Precision.INT8: 2.6}, val, 0.05, 0.2)[Precision.INT8][0] is True  # 21 % faster
+    assert decide({**p50, Precision.BF16: 2.0}, val, 0.05)[Precision.BF16][0] is True
+    pays = {str(p): d[0] for p, d in decisions.items()}
+    probe = Probe(graph="exit3", rule="", engines=[], pays=pays, reasons={}, built=[])
+    assert built_precisions(probe, None) == [Precision.FP32]
+    assert built_precisions(probe, (Precision.INT8,)) == [Precision.FP32, Precision.INT8]  # asked for: built
 
 
 # -- the profiling stop rule ----------------------------------------------------------------------------------
