@@ -99,16 +99,29 @@ class PathTime:
     out, a deadline that only the engine fits is admitted, computed, and answered 504 as late (measured on
     2026-11-25, 2 ms deadlines on an idle 2-vCPU server: 5 of 20). So the planner takes this much off the
     time left. The median, not a tail: the safety margin and `auto`'s caution cover the tail.
+
+    Only while requests keep being answered: once none has been for `horizon_s`, the estimate is dropped
+    (0 again). Under overload the hand-back waits behind the event loop's backlog and the median grows; a
+    plan that allows for it refuses tight deadlines, and when every request is refused no new answer could
+    ever bring it down (measured: after an overload trial every 5 ms request was refused at 25 % load).
     """
 
-    def __init__(self, window: int = 128, every: int = 16) -> None:
+    def __init__(self, window: int = 128, every: int = 16, horizon_s: float = 2.0) -> None:
         self._samples: deque[float] = deque(maxlen=window)
-        self._every, self._count = every, 0
-        self.ms = 0.0
+        self._every, self._count, self._horizon_s = every, 0, horizon_s
+        self._median, self._last = 0.0, 0.0
+
+    @property
+    def ms(self) -> float:
+        return self._median if time.monotonic() - self._last <= self._horizon_s else 0.0
 
     def observe(self, ms: float) -> None:
         """One request's post-plan time (event loop thread only)."""
+        now = time.monotonic()
+        if now - self._last > self._horizon_s:
+            self._samples.clear()  # from another time: the load then says nothing of now
         self._samples.append(ms)
+        self._last = now
         self._count += 1
-        if self._count % self._every == 0 or self._count < self._every:
-            self.ms = statistics.median(self._samples)
+        if self._count % self._every == 0 or len(self._samples) < self._every:
+            self._median = statistics.median(self._samples)

@@ -561,10 +561,14 @@ def test_healthz_turns_503_when_the_worker_died_and_readyz_keeps_details_in_the_
 def test_plans_allow_for_the_path_after_planning(ladder_dir: Path) -> None:
     """A deadline only the engine fits is refused up front (503), not computed and answered late (504): the
     plan allows for the median time requests spend after their plan outside the engines (decode, hand-offs)."""
-    path = PathTime(window=8, every=4)
+    path = PathTime(window=8, every=4, horizon_s=0.05)
     for ms in (0.2, 0.3, 5.0, 0.3):  # one stall does not move the median
         path.observe(ms)
     assert path.ms == pytest.approx(0.3)
+    time.sleep(0.1)  # no answer for longer than the horizon (e.g. all refused after an overload): dropped
+    assert path.ms == 0.0
+    path.observe(0.1)
+    assert path.ms == pytest.approx(0.1)  # the old samples are gone with it
     app = create_app(Settings(ladder=ladder_dir), load_in_background=False)
     runtime = app.state.runtime
     fastest = min(runtime.planner.auto, key=lambda o: runtime.predictor.predict(o.engines[0]))
