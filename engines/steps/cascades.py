@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
 
 from engines.manifest import Cascade, Stage
 from engines.steps.context import BuildContext
@@ -10,7 +14,7 @@ from engines.steps.evaluate import accuracy, chain_logits
 from engines.steps.graphs import EngineKind, Graph
 from engines.steps.measure import ProfileConfig
 from engines.steps.rungs import make_stage
-from engines.steps.thresholds import fit_thresholds, simulate
+from engines.steps.thresholds import CascadeFit, fit_thresholds, simulate
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,18 @@ def build_cascade(
     chain = [(ctx.out / kind.artifact(g), kind.backend, kind.precision) for g in stages]
     val, test = ctx.inputs.split("val"), ctx.inputs.split("test")
     val_logits, test_logits = chain_logits(ctx, chain, "val"), chain_logits(ctx, chain, "test")
-    fit = fit_thresholds(val_logits, val.labels, [s.profile(1).p50_ms for s in records], config.accuracy_bound_pp)
+    stage_ms = [s.profile(1).p50_ms for s in records]
+    key = {
+        "val_logits": hashlib.sha256(b"".join(np.ascontiguousarray(lg).tobytes() for lg in val_logits)).hexdigest(),
+        "val": val.fingerprint,
+        "stage_ms": stage_ms,
+        "bound_pp": config.accuracy_bound_pp,
+    }
+
+    def fit_on_val() -> dict[str, Any]:  # a grid search of seconds, skipped when nothing changed
+        return asdict(fit_thresholds(val_logits, val.labels, stage_ms, config.accuracy_bound_pp))
+
+    fit = CascadeFit(**ctx.cache.run(f"thresholds/{kind.precision}.{kind.backend}", key, fit_on_val))
     _, preds = simulate(test_logits, fit.thresholds)
     cascade = Cascade(
         name=f"cascade.{kind.precision}.{kind.backend}",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,6 @@ def export_stacker(estimator: Any, n_features: int, path: Path) -> Path:
 
 
 def stacker_versions() -> dict[str, str]:
-    import skl2onnx
-    import sklearn
-
-    return {"scikit-learn": sklearn.__version__, "skl2onnx": skl2onnx.__version__}
+    """From the installed packages' metadata: importing skl2onnx to read its version took 3.6 s of a 17 s
+    rebuild with nothing to do."""
+    return {name: version(name) for name in ("scikit-learn", "skl2onnx")}
