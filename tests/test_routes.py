@@ -319,9 +319,9 @@ def test_server_timing_phases_add_up_to_the_time_in_the_app(
     assert timing["enqueue"] >= 20 and timing["run"] >= 50 and timing["handback"] >= 20
     assert timing["queue"] < timing["run"]  # the run is not counted as queueing too
     # Each phase ends where the next begins: together they are the time up to `encode`'s end, which `app` (taken
-    # after it) can only exceed; by 3 ms at most unless this process was descheduled right there.
+    # after it) can only exceed; by well under 10 ms unless this process was descheduled right there.
     phases = sum(ms for name, ms in timing.items() if name != "app")
-    assert timing["app"] - 3.0 <= phases <= timing["app"] + 0.01
+    assert timing["app"] - 10.0 <= phases <= timing["app"] + 0.01
     answer = reply.json()
     assert timing["enqueue"] <= answer["queue_ms"] <= answer["latency_ms"] <= timing["app"] + 0.01
     # What plans allow for after this one: its time after planning outside the engine (hand-over, hand-back).
@@ -652,7 +652,7 @@ def test_a_body_arriving_in_pieces_is_held_to_the_size_limit(ladder_dir: Path) -
 
 
 def test_a_stalled_body_gets_408_at_the_body_timeout_or_504_at_a_nearer_deadline(ladder_dir: Path) -> None:
-    app = _served(ladder_dir, body_timeout_s=0.3)
+    app = _served(ladder_dir, body_timeout_s=0.5)
     png = _png(_image(8))
     try:
         start = time.monotonic()
@@ -660,12 +660,12 @@ def test_a_stalled_body_gets_408_at_the_body_timeout_or_504_at_a_nearer_deadline
             app, "/v1/classify", _pieces(png[:10], png[10:], pause_s=5), media="image/png", query="deadline_ms=60"
         )
         assert "while the body was still arriving" in _error(reply, 504, "deadline_expired")["message"]
-        assert 0.05 <= time.monotonic() - start < 0.25  # at the deadline, before the body timeout
+        assert 0.05 <= time.monotonic() - start < 0.45  # at the deadline, before the body timeout
         # A deadline as far off as the body timeout: the body timeout answers (the deadline is not nearer).
         reply = call(
-            app, "/v1/classify", _pieces(png[:10], png[10:], pause_s=5), media="image/png", query="deadline_ms=300"
+            app, "/v1/classify", _pieces(png[:10], png[10:], pause_s=5), media="image/png", query="deadline_ms=500"
         )
-        assert _error(reply, 408, "body_timeout")["message"] == "the body did not arrive within 0.3 s"
+        assert _error(reply, 408, "body_timeout")["message"] == "the body did not arrive within 0.5 s"
         # A JSON body's deadline is known only once it is read: the body timeout applies.
         reply = call(app, "/v1/classify", _pieces(b'{"deadline_ms": 50, ', b"}", pause_s=5))
         _error(reply, 408, "body_timeout")
@@ -1008,8 +1008,11 @@ def test_openapi_documents_the_classify_routes_as_they_behave(app: FastAPI) -> N
 
 def test_openapi_documents_every_route_s_errors_and_the_key_where_it_is_needed(ladder_dir: Path) -> None:
     spec = _get(create_app(Settings(ladder=ladder_dir)), "/openapi.json").json()
+    tags = {"/healthz": "health", "/readyz": "health", "/metrics": "health", "/v1/ladder": "ladder"}
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
+            assert operation["tags"] == [tags.get(path, "classify")], (path, method)
+            assert all(r["description"] for r in operation["responses"].values()), (path, method)  # OpenAPI needs one
             names = [p["name"] for p in operation["parameters"]]
             assert names.count("X-Request-ID") == 1, (path, method)
             assert {"413", "500", "503"} <= set(operation["responses"]), (path, method)
