@@ -9,6 +9,8 @@
 #   FILE=TESTS  mutate FILE and run TESTS (pytest arguments, space-separated: quote the whole argument).
 #               TESTS may come in stages, "A -- B": a mutant that A does not kill runs B, and the kill rate is
 #               printed after each stage (e.g. the tests of before a change, then the ones it added).
+# MUTATION_FROM=reports/mutation/<time> goes on from an earlier run: the mutants it killed count as killed (a
+# timeout too), the others of the files given run again against TESTS, numbered as stages after that run's.
 # Every test session copies one tiny ladder, built once from the unmutated tree (tests/tiny_ladder.py),
 # instead of building its own (20-50 s); MUTATION_TINY_LADDER=DIR reuses one that `python -m tests.tiny_ladder`
 # built before. Tests on the default ladder read ANYTIME_TEST_LADDER (default: this checkout's ladders/default,
@@ -26,7 +28,7 @@ IN_PROCESS="tests/test_frontdoor.py::test_a_full_queue_is_refused_before_the_bod
   tests/test_security.py::test_without_a_key_everything_is_open_and_openapi_says_so
   tests/test_security.py::test_with_a_key_metrics_stay_open_unless_asked_and_openapi_declares_the_bearer
   tests/test_caution.py::test_auto_answers_move_caution_where_they_are_sent tests/test_service_ensemble.py"
-SCHEDULER="tests/test_scheduler.py tests/test_scheduler_defaults.py tests/test_caution.py
+SCHEDULER="tests/test_scheduler.py tests/test_scheduler_details.py tests/test_caution.py
   tests/test_properties.py::test_the_queue_never_loses_a_job"
 declare -A TESTS=(
   [service/planner.py]="tests/test_scheduler.py tests/test_caution.py tests/test_properties.py::test_a_plan_never_needs_more_than_the_time_left"
@@ -46,7 +48,7 @@ ORDER=(service/planner.py service/scheduler.py service/routes/classify.py servic
 STAGES_PY='
 import ctypes, json, os, signal, subprocess, sys
 
-log, args = sys.argv[1], sys.argv[2:]
+log, offset, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 stages, current = [], []
 for arg in args:
     if arg == "--":
@@ -61,7 +63,7 @@ rc = 0
 for i, tests in enumerate(stages, 1):
     if diff:  # empty for the baseline run
         with open(log, "a") as f:
-            f.write(json.dumps({"diff": diff, "stage": i}) + "\n")  # the last one logged hung on a timeout
+            f.write(json.dumps({"diff": diff, "stage": offset + i}) + "\n")  # the last one logged hung on a timeout
     pytest = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "_hypothesis_pytestplugin"]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     rc = subprocess.run([*pytest, *tests], env=env, preexec_fn=lambda: libc.prctl(1, signal.SIGKILL)).returncode
@@ -69,7 +71,7 @@ for i, tests in enumerate(stages, 1):
         break
 if diff:
     with open(log, "a") as f:
-        f.write(json.dumps({"diff": diff, "killed_at": i if rc else None}) + "\n")
+        f.write(json.dumps({"diff": diff, "killed_at": offset + i if rc else None}) + "\n")
 sys.exit(1 if rc else 0)
 '
 
@@ -77,7 +79,8 @@ sys.exit(1 if rc else 0)
 SUMMARY_PY='
 import json, re, sqlite3, sys
 
-out, stages_by_file = sys.argv[1], json.loads(sys.argv[2])
+out = sys.argv[1]
+stages_by_file = json.load(open(f"{out}/stages.json"))
 where: dict[str, int | None] = {}
 for line in open(f"{out}/stages.jsonl"):
     entry = json.loads(line)
@@ -141,18 +144,49 @@ main() {
     export ANYTIME_TEST_TINY_LADDER=$work/tiny
   fi
   echo "$STAGES_PY" >"$work/stages.py"
-  touch "$out/stages.jsonl"
+  if [ -n "${MUTATION_FROM:-}" ]; then
+    cp "$MUTATION_FROM/stages.jsonl" "$MUTATION_FROM/stages.json" "$out/"
+    cp "$MUTATION_FROM/mutmut-cache.sqlite" .mutmut-cache
+    python - "${args[@]%%=*}" <<'PY'
+import sqlite3
+import sys
 
-  local arg file tests stages="{}"
+db = sqlite3.connect(".mutmut-cache")
+files = "select l.id from Line l join SourceFile f on l.sourcefile = f.id where f.filename in (%s)"
+files %= ",".join("?" * len(sys.argv[1:]))
+db.execute("update Mutant set status = 'ok_killed' where status in ('bad_timeout', 'ok_suspicious')")
+db.execute(
+    f"update Mutant set status = 'untested', tested_against_hash = '' where status != 'ok_killed' and line in ({files})",
+    sys.argv[1:],
+)
+db.commit()
+PY
+  else
+    touch "$out/stages.jsonl"
+    echo "{}" >"$out/stages.json"
+  fi
+
+  local arg file tests offset
   for arg in "${args[@]}"; do
     file=${arg%%=*}
     tests=${TESTS[$file]:-}
     [ "$arg" = "$file" ] || tests=${arg#*=}
     [ -n "$tests" ] || { echo "no tests for $file: give them as $file=TESTS" >&2; exit 2; }
     tests=$(tr -s ' \n' '  ' <<<"$tests") # one line
-    stages=$(python -c 'import json, sys; d = json.loads(sys.argv[1]); d[sys.argv[2]] = sys.argv[3].count(" -- ") + 1; print(json.dumps(d))' "$stages" "$file" "$tests")
+    offset=$(python - "$out/stages.json" "$file" "$tests" <<'PY'
+import json
+import sys
+
+path, file, tests = sys.argv[1:]
+stages = json.load(open(path))
+offset = stages.get(file, 0)
+stages[file] = offset + tests.count(" -- ") + 1
+json.dump(stages, open(path, "w"))
+print(offset)
+PY
+)
     local runner=$work/run-tests-${file//\//_}.sh
-    printf '#!/bin/sh\nexec python %s %s %s\n' "$work/stages.py" "$out/stages.jsonl" "$tests" >"$runner"
+    printf '#!/bin/sh\nexec python %s %s %s %s\n' "$work/stages.py" "$out/stages.jsonl" "$offset" "$tests" >"$runner"
     chmod +x "$runner"
     echo "== $file: $tests"
     python -m mutmut run --paths-to-mutate "$file" --runner "$runner" --tests-dir tests --no-progress \
@@ -160,7 +194,7 @@ main() {
   done
 
   python -m mutmut results >"$out/results.txt" || true
-  python -c "$SUMMARY_PY" "$out" "$stages"
+  python -c "$SUMMARY_PY" "$out"
 }
 
 main "$@" # the whole script is read before it runs: editing it meanwhile cannot derail a run

@@ -1041,3 +1041,20 @@ def test_openapi_documents_every_route_s_errors_and_the_key_where_it_is_needed(l
             assert ("401" in operation["responses"]) is protected, path
             if protected:
                 assert "unauthorized" in operation["responses"]["401"]["description"]
+
+
+def test_a_job_finished_on_the_event_loop_resolves_its_request_at_once() -> None:
+    """An inline run finishes on the loop's own thread: its request goes on without a round trip through the loop;
+    a request of two images waits for both, the second finished on another thread."""
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        one = classify._Waiter(asyncio.get_running_loop(), 1)
+        one.job_done(None)  # type: ignore[arg-type]
+        two = classify._Waiter(asyncio.get_running_loop(), 2)
+        two.job_done(None)  # type: ignore[arg-type]
+        half = two.future.done()
+        await asyncio.to_thread(two.job_done, None)
+        await asyncio.sleep(0)
+        return one.future.done(), half, two.future.done()
+
+    assert asyncio.run(scenario()) == (True, False, True)
