@@ -117,6 +117,7 @@ print(f"{len(survivors)} survivors: {out}/survivors.diff")
 '
 
 main() {
+  [ -z "${MUTATION_FROM:-}" ] || MUTATION_FROM=$(realpath "$MUTATION_FROM")
   cd "$(dirname "$0")/.."
   local root=$PWD
   PYTHON=${PYTHON:-$root/.venv/bin/python}
