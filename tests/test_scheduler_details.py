@@ -90,7 +90,7 @@ def test_a_job_is_not_best_effort_unless_made_so() -> None:
 def test_a_worker_left_running_does_not_keep_the_process_alive() -> None:
     """A server that exits without stop() (a crash, a kill of its lifespan) must not hang on the worker thread."""
     code = "from tests.test_scheduler import _setup\ns, _, _ = _setup()\ns.start()\nassert s.alive"
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60, check=True)
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=20, check=True)
 
 
 # -- refusals, faults and what they say ------------------------------------------------------------------------
