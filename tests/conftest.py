@@ -1,23 +1,36 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from engines.base import Precision
-from engines.ensemble import StackerKind
 from engines.manifest import Ladder, Rung, load_ladder
-from models.checkpoint import DEFAULT_CHECKPOINT, Checkpoint, load_checkpoint
 from models.data import FashionMNIST
-from models.train import TrainConfig
+
+if TYPE_CHECKING:
+    from models.checkpoint import Checkpoint
+
+TINY_LADDER_ENV = "ANYTIME_TEST_TINY_LADDER"
+
+
+def _torch_settings() -> None:
+    import torch
+
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _cpu_determinism() -> None:
-    torch.set_flush_denormal(True)
-    torch.set_num_threads(2)
+    """torch on 2 threads, denormals flushed, in every session that imports it. A session whose tests never
+    import torch (the scheduler's, the routes') does not load it: 3 s saved, for each of a mutation run's
+    hundreds of sessions. The fixtures that use torch themselves set it first."""
+    if "torch" in sys.modules:
+        _torch_settings()
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +41,9 @@ def fmnist() -> FashionMNIST:
 
 @pytest.fixture(scope="session")
 def default_checkpoint(fmnist: FashionMNIST) -> Checkpoint:
+    from models.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+
+    _torch_settings()
     return load_checkpoint(DEFAULT_CHECKPOINT, fmnist)
 
 
@@ -46,7 +62,9 @@ def default_ladder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (directory / "ladder.json").is_file():
         return directory
     from engines.build import BuildConfig, build_ladder
+    from models.checkpoint import DEFAULT_CHECKPOINT
 
+    _torch_settings()
     directory = tmp_path_factory.mktemp("default-ladder") / "ladder"
     build_ladder(DEFAULT_CHECKPOINT, directory, BuildConfig(progress=False))
     return directory
@@ -57,45 +75,21 @@ def default_ladder(default_ladder_dir: Path) -> Ladder:
     return load_ladder(default_ladder_dir)
 
 
-# The tiny ladder: a 3-exit ResNet of 8/16/32 channels and a 2-stage VGG member of 8/16, each trained for two
-# epochs on 6,000 images, built with short profiles. Every step of the real build runs on real models (export,
-# calibration, probe, measurement, cut search, thresholds, ensembles); only the sizes are small.
-TINY_RESNET = TrainConfig(
-    model="resnet_exits",
-    model_config={"widths": (8, 16, 32), "blocks": (1, 1, 1), "stem_stride": 2, "exit_pool": 2},
-    epochs=2,
-    limit=6000,
-    lr=0.2,
-    batch_size=64,
-    seed=1,
-)
-TINY_VGG = TrainConfig(
-    model="vgg", model_config={"widths": (8, 16), "blocks": (1, 1)}, epochs=2, limit=6000, lr=0.1, batch_size=64
-)
-TINY_BUILD = {
-    "calib_samples": 200,
-    "runs": 60,
-    "min_runs": 20,
-    "max_seconds": 0.2,
-    "progress": False,
-    "stackers": (StackerKind.LOGISTIC,),  # the MLP's cross-validation takes seconds
-    # INT8 whether or not it pays on this machine (the probe leaves it out on x86 without VNNI): the tests cover it.
-    "precisions": (Precision.INT8,),
-}
-
-
 @pytest.fixture(scope="session")
-def tiny_ladder_dir(tmp_path_factory: pytest.TempPathFactory, fmnist: FashionMNIST) -> Path:
-    """A real ladder built in seconds into a temporary directory: the unit and service tests run on it."""
-    from engines.build import BuildConfig, build_ladder
-    from models.train import train_to
-
+def tiny_ladder_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """A real ladder built in seconds into a temporary directory: the unit and service tests run on it
+    (tests/tiny_ladder.py). With ANYTIME_TEST_TINY_LADDER naming one that `python -m tests.tiny_ladder` built,
+    the session copies that one instead of building (scripts/mutation.sh: one session per mutant)."""
     root = tmp_path_factory.mktemp("tiny-ladder")
-    main, member = root / "resnet_exits_tiny.pt", root / "vgg_tiny.pt"
-    train_to(main, TINY_RESNET, fmnist, command="tests/conftest.py TINY_RESNET", progress=False)
-    train_to(member, TINY_VGG, fmnist, command="tests/conftest.py TINY_VGG", progress=False)
-    build_ladder(main, root / "ladder", BuildConfig(members=(member,), **TINY_BUILD))  # type: ignore[arg-type]
-    return root / "ladder"
+    prebuilt = os.environ.get(TINY_LADDER_ENV)
+    if prebuilt:
+        if not (Path(prebuilt) / "ladder" / "ladder.json").is_file():
+            raise pytest.UsageError(f"{TINY_LADDER_ENV}={prebuilt}: no ladder/ladder.json there")
+        shutil.copytree(prebuilt, root, dirs_exist_ok=True)  # a copy: a test may write into its ladder
+        return root / "ladder"
+    from tests.tiny_ladder import build_tiny_ladder
+
+    return build_tiny_ladder(root, request.getfixturevalue("fmnist"))
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from cli.main import main
 from engines.build import BuildConfig, build_ladder
 from engines.manifest import MANIFEST_NAME, load_ladder
 from engines.steps.graphs import BuildError
-from tests.conftest import TINY_BUILD
+from tests.tiny_ladder import TINY_BUILD
 
 pytestmark = pytest.mark.slow
 

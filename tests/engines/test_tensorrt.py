@@ -177,7 +177,7 @@ def test_timing_cache_is_written_and_reused(onnx_path: Path, tmp_path: Path) -> 
 @pytest.fixture(scope="module")
 def plan_ladder_dir(tiny_ladder_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engines.build import BuildConfig, build_ladder
-    from tests.conftest import TINY_BUILD
+    from tests.tiny_ladder import TINY_BUILD
 
     out = tmp_path_factory.mktemp("gpu-plans") / "ladder"
     shutil.copytree(tiny_ladder_dir, out)  # with its build cache: only the TensorRT steps run
