@@ -8,12 +8,22 @@ build it once instead:
 
     python -m tests.tiny_ladder OUT                      # OUT/ladder, OUT/resnet_exits_tiny.pt, OUT/vgg_tiny.pt
     ANYTIME_TEST_TINY_LADDER=OUT python -m pytest ...    # each session copies OUT instead of building
+
+Without that, a session keeps the ladder it built in a cache outside the checkout ($XDG_CACHE_HOME or ~/.cache,
+anytime/tiny-ladder-<key>), and later sessions copy it. The key hashes what the ladder is made from: this
+recipe, the sources of the packages that train and build (models, calibration, engines), and the versions of
+Python and the packages they use; a change to any of them builds afresh. ANYTIME_TEST_TINY_LADDER_CACHE=0 turns
+the cache off (each session builds); =DIR puts it in DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
+import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 from engines.base import Precision
@@ -43,6 +53,36 @@ TINY_BUILD = {
     # INT8 whether or not it pays on this machine (the probe leaves it out on x86 without VNNI): the tests cover it.
     "precisions": (Precision.INT8,),
 }
+
+
+CACHE_ENV = "ANYTIME_TEST_TINY_LADDER_CACHE"
+SOURCES = ("models", "calibration", "engines")  # what trains and builds a ladder
+DEPENDENCIES = ("torch", "onnx", "onnxruntime", "openvino", "numpy", "scikit-learn", "skl2onnx", "onnxconverter-common")
+
+
+def cached_tiny_ladder() -> Path | None:
+    """Where the cache keeps the tiny ladder of this checkout's sources (it may not be there yet); None: no cache."""
+    setting = os.environ.get(CACHE_ENV, "")
+    if setting == "0":
+        return None
+    base = Path(setting) if setting else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "anytime"
+    return base / f"tiny-ladder-{_key()}"
+
+
+def _key() -> str:
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    files = [Path(__file__).resolve(), *sorted(f for p in SOURCES for f in (root / p).rglob("*.py"))]
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for name in DEPENDENCIES:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            version = "-"
+        digest.update(f"{name}={version}\0".encode())
+    digest.update(sys.version.encode())
+    return digest.hexdigest()[:16]
 
 
 def build_tiny_ladder(root: Path, fmnist: FashionMNIST) -> Path:
