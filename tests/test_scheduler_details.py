@@ -245,6 +245,22 @@ def test_a_job_whose_plan_no_longer_fits_moves_to_one_that_fits_with_no_queue_ah
     assert scheduler._fits_now(job, now) and job.plan.engines == ["fast"]
 
 
+
+def test_a_job_keeps_its_plan_while_its_engine_and_the_margin_fit_inclusive_and_moves_when_they_do_not() -> None:
+    """At dispatch a job stays on its plan when its next engine's predicted time plus the margin fits in the time
+    left (the boundary included), and moves when the margin no longer fits. Dyadic times keep the boundary exact."""
+    scheduler, _, _ = _setup()
+    now, deadline = 0.0, 2.0**-5  # 31.25 ms left, exactly
+    p = scheduler.predictor.predict("s1")
+    for margin, stays in ((31.25 - p, True), (31.25 - p + 0.01, False)):
+        scheduler.margin_ms = margin
+        job = _on("s1", deadline, [])
+        assert (p + margin == 31.25) is stays  # the boundary itself is exact
+        assert scheduler._fits_now(job, now) and job.error is None
+        assert (job.plan.engines == ["s1"]) is stays, (margin, job.plan.engines)
+        if not stays:
+            assert job.plan.engines == ["fast"]
+
 # -- re-planning after an engine fault -------------------------------------------------------------------------
 
 
