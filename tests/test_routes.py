@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -847,6 +848,33 @@ def test_a_late_answer_is_504_unless_the_client_takes_best_effort(
     assert _metric(runtime, "anytime_requests_total", policy="fixed", rung=EXIT3, outcome="late") == accepted + 1
     assert _metric(runtime, "anytime_deadline_misses_total") == misses + 4
 
+
+
+def test_a_job_is_due_its_deadline_after_the_request_s_arrival(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime: Runtime = app.state.runtime
+    jobs: list[Any] = []
+    submit = runtime.scheduler.submit
+
+    def recording(job: Any, **kwargs: Any) -> None:
+        jobs.append(job)
+        submit(job, **kwargs)
+
+    monkeypatch.setattr(runtime.scheduler, "submit", recording)
+    reply = call(app, "/v1/classify", _json(image=_image(14).tolist(), deadline_ms=45000, policy="fixed", rung=EXIT3))
+    assert reply.status == 200 and len(jobs) == 1
+    assert jobs[0].deadline - jobs[0].arrival == pytest.approx(45.0, abs=1e-6)
+
+
+def test_a_body_may_take_until_the_deadline_when_it_is_nearer_than_the_body_timeout() -> None:
+    runtime: Any = SimpleNamespace(settings=SimpleNamespace(body_timeout_s=100.0))
+    arrival = time.monotonic() - 1.0
+    before = time.monotonic()
+    left, error = classify._body_limit(runtime, ClassifyOptions(deadline_ms=60000), SimpleNamespace(arrival=arrival))
+    after = time.monotonic()
+    assert arrival + 60.0 - after <= left <= arrival + 60.0 - before  # 59 s: the deadline, not the 100 s timeout
+    assert error.code == "deadline_expired"
+    past = SimpleNamespace(arrival=time.monotonic() - 61.0)
+    assert classify._body_limit(runtime, ClassifyOptions(deadline_ms=60000), past)[0] == 0.0
 
 # -- health, the ladder, the OpenAPI document ------------------------------------------------------------------
 
