@@ -849,7 +849,6 @@ def test_a_late_answer_is_504_unless_the_client_takes_best_effort(
     assert _metric(runtime, "anytime_deadline_misses_total") == misses + 4
 
 
-
 def test_a_job_is_due_its_deadline_after_the_request_s_arrival(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> None:
     runtime: Runtime = app.state.runtime
     jobs: list[Any] = []
@@ -875,6 +874,7 @@ def test_a_body_may_take_until_the_deadline_when_it_is_nearer_than_the_body_time
     assert error.code == "deadline_expired"
     past = SimpleNamespace(arrival=time.monotonic() - 61.0)
     assert classify._body_limit(runtime, ClassifyOptions(deadline_ms=60000), past)[0] == 0.0
+
 
 # -- health, the ladder, the OpenAPI document ------------------------------------------------------------------
 

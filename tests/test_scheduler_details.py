@@ -245,7 +245,6 @@ def test_a_job_whose_plan_no_longer_fits_moves_to_one_that_fits_with_no_queue_ah
     assert scheduler._fits_now(job, now) and job.plan.engines == ["fast"]
 
 
-
 def test_a_job_keeps_its_plan_while_its_engine_and_the_margin_fit_inclusive_and_moves_when_they_do_not() -> None:
     """At dispatch a job stays on its plan when its next engine's predicted time plus the margin fits in the time
     left (the boundary included), and moves when the margin no longer fits. Dyadic times keep the boundary exact."""
@@ -260,6 +259,7 @@ def test_a_job_keeps_its_plan_while_its_engine_and_the_margin_fit_inclusive_and_
         assert (job.plan.engines == ["s1"]) is stays, (margin, job.plan.engines)
         if not stays:
             assert job.plan.engines == ["fast"]
+
 
 # -- re-planning after an engine fault -------------------------------------------------------------------------
 
