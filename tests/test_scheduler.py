@@ -379,11 +379,13 @@ def test_fixed_names_an_option_or_is_refused_with_the_reason() -> None:
     planner = _planner()
     assert set(planner.rungs) == {"fast", "cascade"}
     for name in (None, "nope"):
-        with pytest.raises(UnknownRung, match=r"unknown rung .*GET /v1/ladder"):
+        with pytest.raises(UnknownRung) as refused:
             planner.plan(Policy.FIXED, 1000.0, 0.0, OnInfeasible.REJECT, name)
+        assert refused.value.message == f"unknown rung {name!r}; see GET /v1/ladder for the rungs"
     planner.take_out("fast")
-    with pytest.raises(OutOfService, match="rung fast is out of service"):
+    with pytest.raises(OutOfService) as refused:
         planner.plan(Policy.FIXED, 1000.0, 0.0, OnInfeasible.REJECT, "fast")
+    assert refused.value.message == "rung fast is out of service (its engine failed); another policy can answer"
 
 
 def test_auto_breaks_a_tie_in_accuracy_for_the_cheaper_first_step_and_fits_up_to_the_boundary() -> None:
@@ -551,6 +553,21 @@ def test_auto_under_load_keeps_to_what_the_arrival_rate_leaves_a_request() -> No
     assert planner.plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "members"
     with pytest.raises(DeadlineInfeasible):
         planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)
+
+
+def test_an_option_s_cost_counts_every_step_without_recorded_shares_and_a_cost_at_the_cap_is_within_it() -> None:
+    """A stage cascade whose shares were not recorded (or do not match its steps) is costed as if every image ran
+    every stage; an option that costs exactly what the load leaves a request is not over it."""
+    ladder = _auto_ladder()
+    unrecorded = ladder.cascades[0].model_copy(update={"name": "unrecorded", "expected_exit_share": []})
+    ladder.cascades = [*ladder.cascades, unrecorded]
+    planner = Planner(ladder, LatencyPredictor([*ladder.stages, *ladder.rungs]), margin_ms=1.0)
+    assert planner.options["unrecorded"].reach == [1.0, 1.0, 1.0]
+    assert planner.cost(planner.options["unrecorded"]) == pytest.approx(60.0)
+    options = [planner.options[name] for name in ("fast", "members")]
+    cap = planner.cost(planner.options["members"])  # 1.4; fast costs 1.0 and is less accurate
+    assert planner._best_within(options, 50.0, cost_cap_ms=cap).name == "members"
+    assert planner._best_within(options, 50.0, cost_cap_ms=cap - 1e-9).name == "fast"
 
 
 def _member_scheduler() -> tuple[Scheduler, Planner, dict[str, SleepEngine]]:
