@@ -35,10 +35,11 @@ from service.app import create_app
 from service.config import Settings
 from service.errors import ApiError, QueueFull
 from service.images import INLINE_MAX_PIXELS, TENSOR_DTYPES, Pending, open_item, parse_shape
-from service.planner import OnInfeasible, Policy
+from service.planner import OnInfeasible, Plan, Policy
 from service.requests import INLINE_MAX_JSON
 from service.routes import classify
 from service.runtime import Runtime
+from service.scheduler import Job
 from service.schemas import ClassifyOptions
 from service.timing import PHASES
 
@@ -874,6 +875,22 @@ def test_a_body_may_take_until_the_deadline_when_it_is_nearer_than_the_body_time
     assert error.code == "deadline_expired"
     past = SimpleNamespace(arrival=time.monotonic() - 61.0)
     assert classify._body_limit(runtime, ClassifyOptions(deadline_ms=60000), past)[0] == 0.0
+
+
+def test_latency_and_queue_time_are_reported_in_ms_from_arrival(app: FastAPI) -> None:
+    """Times far enough apart that a wrong unit or scale shows: arrival 100 s ago, started 50 s after it."""
+    runtime: Runtime = app.state.runtime
+    arrival = time.monotonic() - 100.0
+    plan = Plan(Policy.FIXED, EXIT3, [EXIT3])
+    job = Job("far", arrival, arrival + 200.0, np.zeros((1, 1, 28, 28), np.float32), plan, lambda _: None)
+    job.logits, job.started, job.step = np.zeros((1, len(runtime.ladder.class_names)), np.float32), arrival + 50.0, 1
+    options = ClassifyOptions(deadline_ms=60000, policy=Policy.FIXED, rung=EXIT3)
+    before = time.monotonic()
+    answer = classify._answer(runtime, job, options, resized=False)
+    after = time.monotonic()
+    assert (before - arrival) * 1e3 - 5e-4 <= answer["latency_ms"] <= (after - arrival) * 1e3 + 5e-4
+    assert answer["queue_ms"] == pytest.approx(50000.0, abs=1e-3)
+    assert answer["deadline_met"] is True
 
 
 # -- health, the ladder, the OpenAPI document ------------------------------------------------------------------
