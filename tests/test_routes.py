@@ -891,6 +891,13 @@ def test_latency_and_queue_time_are_reported_in_ms_from_arrival(app: FastAPI) ->
     assert (before - arrival) * 1e3 - 5e-4 <= answer["latency_ms"] <= (after - arrival) * 1e3 + 5e-4
     assert answer["queue_ms"] == pytest.approx(50000.0, abs=1e-3)
     assert answer["deadline_met"] is True
+    job.deadline = arrival + 50.0  # passed 50 s ago
+    before = time.monotonic()
+    with pytest.raises(ApiError) as late:
+        classify._answer(runtime, job, options, resized=False)
+    after = time.monotonic()
+    assert late.value.code == "deadline_expired"
+    assert (before - job.deadline) * 1e3 - 5e-4 <= late.value.extra["late_ms"] <= (after - job.deadline) * 1e3 + 5e-4
 
 
 # -- health, the ladder, the OpenAPI document ------------------------------------------------------------------
