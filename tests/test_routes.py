@@ -1081,6 +1081,14 @@ def test_openapi_documents_the_classify_routes_as_they_behave(app: FastAPI) -> N
             assert not missing, (status, missing)
 
 
+def test_openapi_says_metrics_are_prometheus_text(app: FastAPI) -> None:
+    ok = app.openapi()["paths"]["/metrics"]["get"]["responses"]["200"]
+    assert ok == {
+        "description": "Prometheus text format 0.0.4",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+
+
 def test_openapi_documents_every_route_s_errors_and_the_key_where_it_is_needed(ladder_dir: Path) -> None:
     spec = _get(create_app(Settings(ladder=ladder_dir)), "/openapi.json").json()
     tags = {"/healthz": "health", "/readyz": "health", "/metrics": "health", "/v1/ladder": "ladder"}
