@@ -1081,12 +1081,18 @@ def test_openapi_documents_the_classify_routes_as_they_behave(app: FastAPI) -> N
             assert not missing, (status, missing)
 
 
-def test_openapi_says_metrics_are_prometheus_text(app: FastAPI) -> None:
-    ok = app.openapi()["paths"]["/metrics"]["get"]["responses"]["200"]
+def test_openapi_describes_metrics_and_the_ladder_in_words(app: FastAPI) -> None:
+    paths = app.openapi()["paths"]
+    ok = paths["/metrics"]["get"]["responses"]["200"]
     assert ok == {
         "description": "Prometheus text format 0.0.4",
         "content": {"text/plain": {"schema": {"type": "string"}}},
     }
+    ladder = paths["/v1/ladder"]["get"]["responses"]
+    assert ladder["200"]["description"] == "The ladder manifest"
+
+
+UNAUTHORIZED = "unauthorized: an API key is set (ANYTIME_API_KEY) and the request lacks `Authorization: Bearer <key>`"
 
 
 def test_openapi_documents_every_route_s_errors_and_the_key_where_it_is_needed(ladder_dir: Path) -> None:
@@ -1123,7 +1129,7 @@ def test_openapi_documents_every_route_s_errors_and_the_key_where_it_is_needed(l
             assert (operation.get("security") == [{"bearer": []}]) is protected, path
             assert ("401" in operation["responses"]) is protected, path
             if protected:
-                assert "unauthorized" in operation["responses"]["401"]["description"]
+                assert operation["responses"]["401"]["description"] == UNAUTHORIZED
 
 
 def test_a_job_finished_on_the_event_loop_resolves_its_request_at_once() -> None:
