@@ -1081,7 +1081,7 @@ def test_openapi_documents_the_classify_routes_as_they_behave(app: FastAPI) -> N
             assert not missing, (status, missing)
 
 
-def test_openapi_describes_metrics_and_the_ladder_in_words(app: FastAPI) -> None:
+def test_openapi_describes_metrics_the_ladder_errors_and_the_request_id_in_words(app: FastAPI) -> None:
     paths = app.openapi()["paths"]
     ok = paths["/metrics"]["get"]["responses"]["200"]
     assert ok == {
@@ -1090,6 +1090,24 @@ def test_openapi_describes_metrics_and_the_ladder_in_words(app: FastAPI) -> None
     }
     ladder = paths["/v1/ladder"]["get"]["responses"]
     assert ladder["200"]["description"] == "The ladder manifest"
+    health = paths["/healthz"]["get"]
+    assert health["responses"]["503"]["description"] == (
+        "deadline_infeasible (with fastest_ms), not_ready, shutting_down, overloaded, out_of_service or "
+        "too_many_connections (with Retry-After); on /healthz worker_dead, on /readyz not_ready or load_failed"
+    )
+    assert health["responses"]["413"]["headers"] == {
+        "X-Request-ID": {"description": "the request's id", "schema": {"type": "string"}}
+    }
+    assert [p for p in health["parameters"] if p["name"] == "X-Request-ID"] == [
+        {
+            "name": "X-Request-ID",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "Names the request in logs and answers (1-128 of A-Z a-z 0-9 . _ : / + = -); "
+            "else one is made.",
+        }
+    ]
 
 
 UNAUTHORIZED = "unauthorized: an API key is set (ANYTIME_API_KEY) and the request lacks `Authorization: Bearer <key>`"
