@@ -995,6 +995,25 @@ def _errors_by_status() -> dict[int, list[str]]:
     return by_status
 
 
+def test_openapi_states_each_option_s_default_as_the_schema_has_it(app: FastAPI) -> None:
+    """The query parameters' words, whole; the defaults they state are the request schema's (one said `cascade`
+    after `auto` became the default)."""
+    parameters = {p["name"]: p for p in app.openapi()["paths"]["/v1/classify"]["post"]["parameters"]}
+    fields = ClassifyOptions.model_fields
+    assert fields["policy"].default == Policy.AUTO  # the words below follow the schema, whatever it says
+    assert {
+        name: parameters[name]["description"] for name in ("deadline_ms", "policy", "rung", "on_infeasible", "top_k")
+    } == {
+        "deadline_ms": "Answer within this many ms of arrival. Required once: here, in X-Deadline-Ms, or in a "
+        "JSON/form body.",
+        "policy": f"How to plan (default: {fields['policy'].default}).",
+        "rung": "The rung to run, with policy=fixed.",
+        "on_infeasible": "reject: 503/504 when the deadline cannot be met; best_effort: answer anyway (default: "
+        f"{fields['on_infeasible'].default}).",
+        "top_k": f"How many classes to list (default: {fields['top_k'].default}).",
+    }
+
+
 def test_openapi_documents_the_classify_routes_as_they_behave(app: FastAPI) -> None:
     spec = _get(app, "/openapi.json").json()
     assert app.openapi() is app.openapi()  # built once

@@ -15,7 +15,14 @@ from pydantic import BaseModel
 
 from engines.manifest import Ladder
 from service.planner import OnInfeasible, Policy
-from service.schemas import BatchRequest, BatchResponse, ClassifyRequest, ClassifyResponse, ErrorBody
+from service.schemas import (
+    BatchRequest,
+    BatchResponse,
+    ClassifyOptions,
+    ClassifyRequest,
+    ClassifyResponse,
+    ErrorBody,
+)
 
 _REF = "#/components/schemas/{model}"
 
@@ -70,20 +77,29 @@ def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any
     return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
 
 
+_DEFAULT = {name: field.default for name, field in ClassifyOptions.model_fields.items()}  # stated once: the schema
+
 _OPTIONS = [
     _query(
         "deadline_ms",
         {"type": "number", "minimum": 1, "maximum": 60000},
         "Answer within this many ms of arrival. Required once: here, in X-Deadline-Ms, or in a JSON/form body.",
     ),
-    _query("policy", {"type": "string", "enum": [str(p) for p in Policy]}, "How to plan (default: cascade)."),
+    _query(
+        "policy", {"type": "string", "enum": [str(p) for p in Policy]}, f"How to plan (default: {_DEFAULT['policy']})."
+    ),
     _query("rung", {"type": "string"}, "The rung to run, with policy=fixed."),
     _query(
         "on_infeasible",
         {"type": "string", "enum": [str(o) for o in OnInfeasible]},
-        "reject (default): 503/504 when the deadline cannot be met; best_effort: answer anyway.",
+        f"reject: 503/504 when the deadline cannot be met; best_effort: answer anyway (default: "
+        f"{_DEFAULT['on_infeasible']}).",
     ),
-    _query("top_k", {"type": "integer", "minimum": 1, "maximum": 100}, "How many classes to list (default 1)."),
+    _query(
+        "top_k",
+        {"type": "integer", "minimum": 1, "maximum": 100},
+        f"How many classes to list (default: {_DEFAULT['top_k']}).",
+    ),
     _query("dtype", {"type": "string", "enum": ["uint8", "float32"]}, "application/x-tensor bodies: element type."),
     _query(
         "shape",
