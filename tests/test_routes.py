@@ -996,22 +996,52 @@ def _errors_by_status() -> dict[int, list[str]]:
 
 
 def test_openapi_states_each_option_s_default_as_the_schema_has_it(app: FastAPI) -> None:
-    """The query parameters' words, whole; the defaults they state are the request schema's (one said `cascade`
-    after `auto` became the default)."""
-    parameters = {p["name"]: p for p in app.openapi()["paths"]["/v1/classify"]["post"]["parameters"]}
+    """The options' parameters whole (the words are the API's documentation); the defaults they state are the
+    request schema's (one said `cascade` after `auto` became the default)."""
     fields = ClassifyOptions.model_fields
     assert fields["policy"].default == Policy.AUTO  # the words below follow the schema, whatever it says
-    assert {
-        name: parameters[name]["description"] for name in ("deadline_ms", "policy", "rung", "on_infeasible", "top_k")
-    } == {
-        "deadline_ms": "Answer within this many ms of arrival. Required once: here, in X-Deadline-Ms, or in a "
-        "JSON/form body.",
-        "policy": f"How to plan (default: {fields['policy'].default}).",
-        "rung": "The rung to run, with policy=fixed.",
-        "on_infeasible": "reject: 503/504 when the deadline cannot be met; best_effort: answer anyway (default: "
-        f"{fields['on_infeasible'].default}).",
-        "top_k": f"How many classes to list (default: {fields['top_k'].default}).",
+    deadline = {"type": "number", "minimum": 1, "maximum": 60000}
+    expected = {
+        "deadline_ms": (
+            "query",
+            deadline,
+            "Answer within this many ms of arrival. Required once: here, in X-Deadline-Ms, or in a JSON/form body.",
+        ),
+        "policy": (
+            "query",
+            {"type": "string", "enum": ["auto", "cascade", "static", "fixed"]},
+            f"How to plan (default: {fields['policy'].default}).",
+        ),
+        "rung": ("query", {"type": "string"}, "The rung to run, with policy=fixed."),
+        "on_infeasible": (
+            "query",
+            {"type": "string", "enum": ["reject", "best_effort"]},
+            "reject: 503/504 when the deadline cannot be met; best_effort: answer anyway (default: "
+            f"{fields['on_infeasible'].default}).",
+        ),
+        "top_k": (
+            "query",
+            {"type": "integer", "minimum": 1, "maximum": 100},
+            f"How many classes to list (default: {fields['top_k'].default}).",
+        ),
+        "dtype": (
+            "query",
+            {"type": "string", "enum": ["uint8", "float32"]},
+            "application/x-tensor bodies: element type.",
+        ),
+        "shape": (
+            "query",
+            {"type": "string", "example": "28,28"},
+            "application/x-tensor bodies: comma-separated shape; uint8 (H,W) or (1,H,W) grey pixels, float32 the "
+            "model's (C,H,W) input after preprocessing; the batch route takes a leading N.",
+        ),
+        "X-Deadline-Ms": ("header", deadline, "The deadline as a header (instead of deadline_ms)."),
     }
+    for path in ("/v1/classify", "/v1/classify/batch"):
+        parameters = app.openapi()["paths"][path]["post"]["parameters"]
+        documented = {p["name"]: (p["in"], p["schema"], p["description"]) for p in parameters if p["name"] in expected}
+        assert documented == expected, path
+        assert all(p["required"] is False for p in parameters), path
 
 
 def test_openapi_documents_the_classify_routes_as_they_behave(app: FastAPI) -> None:
