@@ -84,8 +84,8 @@ def _scope(app: FastAPI, path: str, media: str | None, query: str, headers: dict
     }
 
 
-def _body(body: bytes) -> Receive:
-    """The client sends `body` in one piece, then waits for its answer (and never leaves)."""
+def _body(body: bytes, leave: asyncio.Event | None = None) -> Receive:
+    """The client sends `body` in one piece, then waits for its answer: for good, or until `leave` is set."""
     sent = False
 
     async def receive() -> Message:
@@ -93,8 +93,11 @@ def _body(body: bytes) -> Receive:
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
+        if leave is None:
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+        await leave.wait()
+        return {"type": "http.disconnect"}
 
     return receive
 
@@ -718,22 +721,9 @@ def test_clients_that_leave_while_queued_or_running_free_their_slots(
     async def scenario() -> tuple[Reply | None, Reply | None]:
         leave = [asyncio.Event(), asyncio.Event()]
 
-        def client(i: int) -> Receive:
-            sent = False
-
-            async def receive() -> Message:
-                nonlocal sent
-                if not sent:
-                    sent = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                await leave[i].wait()
-                return {"type": "http.disconnect"}
-
-            return receive
-
-        running = asyncio.create_task(_request(queued_app, "/v1/classify", client(0)))
+        running = asyncio.create_task(_request(queued_app, "/v1/classify", _body(body, leave[0])))
         await asyncio.to_thread(held.entered.wait, 5)  # the first is in the engine
-        queued = asyncio.create_task(_request(queued_app, "/v1/classify", client(1)))
+        queued = asyncio.create_task(_request(queued_app, "/v1/classify", _body(body, leave[1])))
         while runtime.scheduler.depth() < 2:
             await asyncio.sleep(0.001)
         leave[1].set()  # the queued one leaves: its slot frees at once
