@@ -1034,6 +1034,43 @@ def test_openapi_states_each_option_s_default_as_the_schema_has_it(app: FastAPI)
         assert all(p["required"] is False for p in parameters), path
 
 
+ERROR_WORDS = {
+    "400": "bad_image: the image cannot be decoded, or breaks a size limit",
+    "404": "unknown_rung: policy=fixed names a rung the ladder does not have",
+    "408": "body_timeout: the body did not arrive within the body timeout",
+    "413": "payload_too_large: the body is over the size limit (refused before it is read when Content-Length says so)",
+    "415": "unsupported_media_type: a content type this route does not take",
+    "422": "invalid_request: an option is missing, malformed or given twice",
+    "429": "queue_full: the queue is full (with Retry-After)",
+    "500": "internal_error: a fault inside the server (its traceback is in the server's log)",
+    "503": "deadline_infeasible (with fastest_ms), not_ready, shutting_down, overloaded, out_of_service or "
+    "too_many_connections (with Retry-After); on /healthz worker_dead, on /readyz not_ready or load_failed",
+    "504": "deadline_expired: the answer would only be ready after the deadline (with late_ms)",
+}
+
+
+def test_openapi_words_for_the_classify_routes_answers_errors_and_tensor_bodies(app: FastAPI) -> None:
+    summaries = {
+        "/v1/classify": "Classify one image within deadline_ms of its arrival; says which rung answered and if it was "
+        "on time",
+        "/v1/classify/batch": "Classify several images under one deadline; each is planned and may be batched with "
+        "others",
+    }
+    for path, summary in summaries.items():
+        operation = app.openapi()["paths"][path]["post"]
+        assert operation["summary"] == summary
+        assert operation["requestBody"]["content"]["application/x-tensor"] == {
+            "schema": {
+                "type": "string",
+                "format": "binary",
+                "description": "raw little-endian C-order elements; dtype and shape in the query",
+            }
+        }
+        responses = operation["responses"]
+        assert responses["200"]["description"] == "The answer"
+        assert {status: r["description"] for status, r in responses.items() if status != "200"} == ERROR_WORDS
+
+
 def test_openapi_documents_the_classify_routes_as_they_behave(app: FastAPI) -> None:
     spec = _get(app, "/openapi.json").json()
     assert app.openapi() is app.openapi()  # built once
