@@ -1068,6 +1068,9 @@ def test_openapi_words_for_the_classify_routes_answers_errors_and_tensor_bodies(
         }
         responses = operation["responses"]
         assert responses["200"]["description"] == "The answer"
+    schemas = app.openapi()["components"]["schemas"]
+    for model in ("ClassifyRequest", "BatchRequest", "ClassifyResponse", "BatchResponse", "ErrorBody", "Ladder"):
+        assert schemas[model]["title"] == model and schemas[model]["properties"], model
         assert {status: r["description"] for status, r in responses.items() if status != "200"} == ERROR_WORDS
 
 
