@@ -85,14 +85,16 @@ def tiny_ladder_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fi
     if prebuilt:
         if not (Path(prebuilt) / "ladder" / "ladder.json").is_file():
             raise pytest.UsageError(f"{TINY_LADDER_ENV}={prebuilt}: no ladder/ladder.json there")
-        shutil.copytree(prebuilt, root, dirs_exist_ok=True)  # a copy: a test may write into its ladder
-        return root / "ladder"
-    from tests.tiny_ladder import build_tiny_ladder, cached_tiny_ladder
+        source, cached = Path(prebuilt), None
+    else:
+        from tests.tiny_ladder import cached_tiny_ladder  # imports torch: not for a session given a ladder
 
-    cached = cached_tiny_ladder()
-    if cached is not None and (cached / "ladder" / "ladder.json").is_file():
-        shutil.copytree(cached, root, dirs_exist_ok=True)
+        source = cached = cached_tiny_ladder()
+    if source is not None and (source / "ladder" / "ladder.json").is_file():
+        shutil.copytree(source, root, dirs_exist_ok=True)  # a copy: a test may write into its ladder
         return root / "ladder"
+    from tests.tiny_ladder import build_tiny_ladder
+
     ladder = build_tiny_ladder(root, request.getfixturevalue("fmnist"))
     if cached is not None:
         _store(root, cached)

@@ -33,6 +33,7 @@ from service.config import Settings
 from service.errors import DeadlineInfeasible, QueueFull
 from service.schemas import ClassifyOptions
 from service.timing import PathTime
+from tests.test_routes import _scope
 
 pytestmark = pytest.mark.slow
 
@@ -277,22 +278,7 @@ def test_a_full_queue_is_refused_before_the_body_is_read(ladder_dir: Path, monke
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/classify",
-        "raw_path": b"/v1/classify",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"500")],
-        "http_version": "1.1",
-        "scheme": "http",
-        "server": ("127.0.0.1", 1),
-        "client": ("127.0.0.1", 2),
-        "state": {},
-        "asgi": {"version": "3.0"},
-        "app": app,
-    }
+    scope = _scope(app, "/v1/classify", "application/json", "", {"content-length": "500"})
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 429 and dict(sent[0]["headers"])[b"retry-after"] == b"1"
     assert json.loads(sent[1]["body"])["code"] == "queue_full"

@@ -720,7 +720,6 @@ def test_clients_that_leave_while_queued_or_running_free_their_slots(
 
     async def scenario() -> tuple[Reply | None, Reply | None]:
         leave = [asyncio.Event(), asyncio.Event()]
-
         running = asyncio.create_task(_request(queued_app, "/v1/classify", _body(body, leave[0])))
         await asyncio.to_thread(held.entered.wait, 5)  # the first is in the engine
         queued = asyncio.create_task(_request(queued_app, "/v1/classify", _body(body, leave[1])))

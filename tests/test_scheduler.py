@@ -682,7 +682,7 @@ def test_a_failing_engine_leaves_service_and_its_requests_are_replanned(
         scheduler.stop()
 
 
-def test_a_crashed_worker_answers_what_was_queued_and_takes_no_more(no_worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_crashed_worker_logs_why_answers_what_was_queued_and_takes_no_more(no_worker, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
     scheduler, planner, _ = no_worker
     done: list[Job] = []
     jobs = [_job(planner, Policy.CASCADE, 5000, done) for _ in range(3)]
@@ -693,11 +693,16 @@ def test_a_crashed_worker_answers_what_was_queued_and_takes_no_more(no_worker, m
     monkeypatch.setattr(scheduler, "_take_batch", broken)
     for job in jobs:
         scheduler.submit(job)
-    scheduler.start()
-    deadline = time.monotonic() + 2
-    while len(done) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    with caplog.at_level("ERROR"):
+        scheduler.start()
+        deadline = time.monotonic() + 2
+        while len(done) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert len(done) == 3 and all(isinstance(j.error, InternalError) for j in jobs)  # not silence
+    assert [j.error.message for j in jobs if j.error] == ["internal error: the server cannot run models now"] * 3
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("anytime.scheduler", "the scheduler's worker stopped")
+    ]
     assert not scheduler.alive
     with pytest.raises(InternalError):
         scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))

@@ -122,28 +122,6 @@ def test_refusals_say_why_and_when_to_retry() -> None:
         scheduler.check_room()
 
 
-def test_a_crashed_worker_logs_why_and_answers_queued_jobs_with_a_generic_error(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    scheduler, planner, _ = _setup()
-    done: list[Job] = []
-    jobs = [_job(planner, Policy.CASCADE, 5000, done) for _ in range(2)]
-
-    def broken() -> list[Job]:
-        raise RuntimeError("injected scheduler fault")
-
-    monkeypatch.setattr(scheduler, "_take_batch", broken)
-    for job in jobs:
-        scheduler.submit(job)
-    with caplog.at_level("ERROR"):
-        scheduler.start()
-        _wait_for(jobs)
-    assert [j.error.message for j in jobs if j.error] == ["internal error: the server cannot run models now"] * 2
-    assert [(r.name, r.getMessage()) for r in caplog.records] == [
-        ("anytime.scheduler", "the scheduler's worker stopped")
-    ]
-
-
 def test_an_engine_fault_is_logged_under_the_scheduler_s_name(caplog: pytest.LogCaptureFixture) -> None:
     """The logger's name is in every log line (service/logs.py): `anytime.scheduler`."""
     ladder = _auto_ladder()

@@ -95,8 +95,8 @@ def build_tiny_ladder(root: Path, fmnist: FashionMNIST) -> Path:
     torch.set_flush_denormal(True)  # as the test session sets it (tests/conftest.py)
     torch.set_num_threads(2)
     main, member = root / "resnet_exits_tiny.pt", root / "vgg_tiny.pt"
-    train_to(main, TINY_RESNET, fmnist, command="tests/conftest.py TINY_RESNET", progress=False)
-    train_to(member, TINY_VGG, fmnist, command="tests/conftest.py TINY_VGG", progress=False)
+    train_to(main, TINY_RESNET, fmnist, command="tests/tiny_ladder.py TINY_RESNET", progress=False)
+    train_to(member, TINY_VGG, fmnist, command="tests/tiny_ladder.py TINY_VGG", progress=False)
     build_ladder(main, root / "ladder", BuildConfig(members=(member,), **TINY_BUILD))  # type: ignore[arg-type]
     return root / "ladder"
 
