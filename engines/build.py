@@ -104,10 +104,12 @@ class BuildConfig:
     ensemble_starts: str = "every"
     stackers: tuple[StackerKind, ...] = tuple(StackerKind)  # ensemble stackers: chosen among these by CV on val
     # Member cascades (engines/steps/member_cascades.py): answers may differ from running every member on at
-    # most this % of val; up to this many members; the most accurate few on the front are kept.
+    # most this % of val; up to this many members; of the front, the cheapest of each group of val accuracies
+    # within member_tie_se standard errors, up to member_cascades_kept.
     member_bound_pp: float = 0.1
     max_members: int = 3
     member_cascades_kept: int = 5
+    member_tie_se: float = 1.0
     backend: Backend = Backend.ONNXRUNTIME  # TENSORRT: add TensorRT plan rungs and cascades (needs a GPU)
 
     def profile(self) -> ProfileConfig:
@@ -129,7 +131,9 @@ class BuildConfig:
         return CascadeConfig(accuracy_bound_pp=self.accuracy_bound_pp)
 
     def member_cascades(self) -> MemberCascadeConfig:
-        return MemberCascadeConfig(self.max_members, self.member_bound_pp, self.member_cascades_kept)
+        return MemberCascadeConfig(
+            self.max_members, self.member_bound_pp, self.member_cascades_kept, self.member_tie_se
+        )
 
     def ensembles(self) -> EnsembleConfig:
         return EnsembleConfig(
@@ -305,6 +309,7 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
         preprocess=ctx.inputs.spec.to_dict(),
         data_source=ctx.inputs.source.source_id,
         splits=ctx.inputs.checkpoint.splits,
+        split_sizes={name: len(ctx.inputs.split(name).labels) for name in ("val", "test")},
         threads=config.threads,
         measuring=config.measuring_key(),
         machine={**machine_info(), **({"gpu": target["gpu"]} if target else {})},
@@ -393,8 +398,14 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         "--member-cascades",
         type=_positive,
         default=BuildConfig.member_cascades_kept,
-        help="member cascades kept: the most accurate on val of the val accuracy / expected cost front "
-        "(default: %(default)s)",
+        help="member cascades kept at most, from the val accuracy / expected cost front (default: %(default)s)",
+    )
+    p.add_argument(
+        "--member-tie-se",
+        type=float,
+        default=BuildConfig.member_tie_se,
+        help="member cascades: val accuracies within this many standard errors count as equal and only the "
+        "cheapest is kept, as auto chooses (0: the most accurate; default: %(default)s)",
     )
     p.add_argument(
         "--members",
@@ -442,6 +453,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         accuracy_bound_pp=args.bound_pp,
         member_bound_pp=args.member_bound_pp,
         member_cascades_kept=args.member_cascades,
+        member_tie_se=args.member_tie_se,
         data=args.data,
         progress=not args.quiet,
         members=members,

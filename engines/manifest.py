@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -228,6 +229,7 @@ class Ladder(_Model):
     preprocess: dict[str, object]
     data_source: str
     splits: dict[str, str]  # split name -> fingerprint
+    split_sizes: dict[str, int] = Field(default_factory=dict)  # split name -> images (val, test)
     threads: int
     measuring: dict[str, object]  # threads, batch sizes and timed runs behind every profile
     machine: dict[str, str]
@@ -277,6 +279,11 @@ class Ladder(_Model):
 
 class ManifestError(RuntimeError):
     """A ladder directory whose manifest is missing, malformed or of another schema version."""
+
+
+def accuracy_stderr(accuracy: float, images: int) -> float:
+    """The standard error of an accuracy measured on `images` images, sqrt(p (1 - p) / n); 0 without images."""
+    return math.sqrt(accuracy * (1.0 - accuracy) / images) if images > 0 else 0.0
 
 
 def load_ladder(directory: Path, verify: bool = True) -> Ladder:

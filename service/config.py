@@ -36,6 +36,13 @@ class Settings(BaseSettings):
         description="auto keeps the average engine time of its choices within this share of a core per second "
         "of arrivals (service/load.py); 0: auto ignores the load",
     )
+    auto_tie_se: float = Field(
+        1.0,
+        ge=0,
+        le=10,
+        description="auto counts val accuracies within this many standard errors of the best reachable as equal "
+        "and takes the cheapest of them (the one-standard-error rule); 0: always the most accurate",
+    )
     warmup_runs: int = Field(5, ge=0)
     # The front door (service/server.py): what a slow or greedy client may hold.
     max_connections: int = Field(512, ge=1, description="open connections; more are answered 503 and closed")

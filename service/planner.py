@@ -6,8 +6,9 @@ each adding its answer to a stacker's combination). A multi-step option stops af
 is confident enough, or when its next step no longer fits; so its value under a deadline is the accuracy
 it reaches within the steps that fit (`accuracy_by_depth`, measured on val by the builder).
 
-Policies: `auto` (the default) takes, per request, the option with the highest accuracy within the time
-left, its predictions inflated by the caution its late answers have built up (service/caution.py);
+Policies: `auto` (the default) takes, per request, the cheapest option whose accuracy within the time left
+is as good as the best's (within `tie_se` standard errors of val accuracy: the one-standard-error rule), its
+predictions inflated by the caution its late answers have built up (service/caution.py);
 `static` the most accurate single rung that fits whole; `cascade` the most accurate stage cascade;
 `fixed` the option the request names. The others stay for baselines.
 """
@@ -17,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from math import isinf
 
 import numpy as np
 
-from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung
+from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung, accuracy_stderr
 from models.compat import StrEnum
 from service.caution import Caution
 from service.errors import DeadlineInfeasible, OutOfService, UnknownRung
@@ -121,8 +121,11 @@ class Planner:
         include_dominated: bool = False,
         caution: Caution | None = None,
         budget: Budget | None = None,
+        tie_se: float = 0.0,
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
+        # auto's resolution: val accuracies within tie_se standard errors of the best count as equal (0: none).
+        self.tie_se, self.val_images = tie_se, ladder.split_sizes.get("val", 0)
         self.caution = caution  # None: auto plans on the bare predictions
         self.budget = budget  # None: auto ignores the load (service/load.py)
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
@@ -178,33 +181,48 @@ class Planner:
             raise OutOfService(f"rung {name} is out of service (its engine failed); another policy can answer")
         return option
 
-    def cost(self, option: Option) -> float:
+    def cost(self, option: Option, depth: int | None = None, memo: dict[str, float] | None = None) -> float:
         """What the option costs a request on average (ms of engine time): each step's typical time, weighted
-        by how often the step runs."""
-        return sum(p * self.predictor.typical(e) for p, e in zip(option.reach, option.engines, strict=True))
+        by how often the step runs; with `depth`, only the steps that fit run. `memo` as in depth_within."""
+        memo = {} if memo is None else memo
+        total = 0.0
+        for reach, engine in zip(option.reach, option.engines[:depth], strict=False):
+            if engine not in memo:
+                memo[engine] = self.predictor.typical(engine)
+            total += reach * memo[engine]
+        return total
+
+    def tie(self, accuracy: float) -> float:
+        """How far below `accuracy` an option may be and still count as equal: `tie_se` standard errors of an
+        accuracy measured on the ladder's val images (0 when the ladder does not say how many)."""
+        return self.tie_se * accuracy_stderr(accuracy, self.val_images)
 
     def _best_within(self, options: list[Option], budget_ms: float, cost_cap_ms: float = float("inf")) -> Option | None:
-        """The option worth most within the time budget: accuracy at the depth that fits, then the cheaper.
+        """The option worth most within the time budget: the cheapest (average cost) of those whose accuracy
+        at the depth that fits is within `tie` of the best's, then the more accurate.
 
         Options whose average cost is over `cost_cap_ms` (what the load leaves a request) are left out; when
         every option that fits is over it, the one that costs least answers.
         """
-        best, best_key, cheapest, least = None, None, None, float("inf")
+        cheapest, least = None, float("inf")
+        reachable: list[tuple[float, float, Option]] = []  # (accuracy at the depth that fits, cost, option)
         predicted: dict[str, float] = {}  # options share engines: each is predicted once per plan
+        typical: dict[str, float] = {}
         for option in options:
             depth = self.depth_within(option, budget_ms, predicted)
             if depth == 0:
                 continue
-            if not isinf(cost_cap_ms):
-                cost = self.cost(option)
-                if cost > cost_cap_ms:
-                    if cost < least:
-                        cheapest, least = option, cost
-                    continue
-            key = (option.accuracy_by_depth[depth - 1], -predicted[option.engines[0]])
-            if best_key is None or key > best_key:
-                best, best_key = option, key
-        return best or cheapest
+            cost = self.cost(option, depth, typical)
+            if cost > cost_cap_ms:
+                if cost < least:
+                    cheapest, least = option, cost
+                continue
+            reachable.append((option.accuracy_by_depth[depth - 1], cost, option))
+        if not reachable:
+            return cheapest
+        best = max(accuracy for accuracy, _, _ in reachable)
+        floor = best - self.tie(best)
+        return min((r for r in reachable if r[0] >= floor), key=lambda r: (r[1], -r[0]))[2]
 
     def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
         """The quickest plan this policy allows and its predicted time to a first answer (ms)."""

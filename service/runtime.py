@@ -47,7 +47,13 @@ class Runtime:
         caution = Caution() if settings.auto_caution else None
         budget = Budget(settings.auto_utilization) if settings.auto_utilization > 0 else None
         self.planner = Planner(
-            self.ladder, self.predictor, settings.safety_margin_ms, settings.include_dominated, caution, budget
+            self.ladder,
+            self.predictor,
+            settings.safety_margin_ms,
+            settings.include_dominated,
+            caution,
+            budget,
+            settings.auto_tie_se,
         )
         metrics.caution.set_function(lambda: self.planner.factor(Policy.AUTO))
         if budget is not None:

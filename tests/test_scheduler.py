@@ -521,6 +521,30 @@ def test_auto_takes_the_most_accurate_answer_within_the_time_left() -> None:
     assert not planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.BEST_EFFORT).feasible
 
 
+def test_auto_takes_the_cheapest_option_within_tie_se_standard_errors_of_the_best() -> None:
+    """The one-standard-error rule over the val accuracies (costs as in the load test below: members 1.4 ms,
+    slow 20, the stage cascade 20 a stage). On 100 val images one standard error of 0.92 is 2.7 pp, of 0.90 3 pp."""
+    ladder = _auto_ladder()
+    ladder.split_sizes = {"val": 100, "test": 100}
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+
+    def auto(tie_se: float, time_left_ms: float) -> str:
+        return (
+            Planner(ladder, predictor, margin_ms=1.0, tie_se=tie_se)
+            .plan(Policy.AUTO, time_left_ms, 0.0, OnInfeasible.REJECT)
+            .name
+        )
+
+    assert auto(0.0, 50.0) == "cascade"  # no ties: the most accurate, two stages (0.92)
+    assert auto(1.0, 50.0) == "slow"  # 0.90 is within 2.7 pp of 0.92 and costs 20 ms, not 40
+    assert auto(3.0, 50.0) == "members"  # 0.88 is within 8.1 pp and costs 1.4 ms
+    assert auto(0.0, 25.0) == "slow"
+    assert auto(1.0, 25.0) == "members"  # best 0.90: 0.88 is within 3 pp
+    assert auto(1.0, 2.2) == "members"  # as without ties: only one step fits, and m1 (0.82) beats fast (0.80)
+    ladder.split_sizes = {}  # a ladder that does not say how many val images: no ties
+    assert auto(1.0, 50.0) == "cascade"
+
+
 def test_arrival_rate_follows_steady_arrivals_and_decays_when_they_stop() -> None:
     rate = ArrivalRate(tau_s=0.5)
     for i in range(600):  # 200 a second for 3 s

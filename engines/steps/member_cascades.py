@@ -9,7 +9,12 @@ deadline (the planner's call). For every order of 2..`max_members` candidates, t
 most `bound_pp` percent of val: the accuracy bound, stated as agreement. (In the offline probe that led here,
 an accuracy bound on 5,000 val images picked thresholds where val happened to lose nothing and test lost
 0.15-0.2 pp; the agreement rate carried over to test: 0.12 % of test answers differed where val allowed 0.1 %.)
-The cascades kept are those no other beats on both val accuracy and expected cost, the `keep` most accurate.
+The cascades kept are drawn from those no other beats on both val accuracy and expected cost, as `auto` chooses
+among them (service/planner.py): val accuracies within `tie_se` standard errors of the most accurate count as
+equal, and of such a group only the cheapest is kept; then the next group below it, up to `keep` cascades. (On
+the ladder of 2026-11-25 the five most accurate of the 9 on the front lay within 0.06 pp of val accuracy, 3
+images of 5,000, and cost 1.4-2.7 ms; keeping them crowded out every cascade that starts with the fastest
+member, 1.1-1.3 ms, which `auto` then could not choose.)
 
 Orders and thresholds are chosen on val only; the test split is read afterwards, once per kept cascade, to
 report accuracy and exit shares and to measure the cost: the cascade is run image by image at batch 1 over
@@ -28,7 +33,7 @@ import numpy as np
 from engines.base import Backend, Engine, softmax
 from engines.ensemble import soft_vote
 from engines.factory import open_engine
-from engines.manifest import Ensemble, MemberCascade, Rung
+from engines.manifest import Ensemble, MemberCascade, Rung, accuracy_stderr
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import engine_logits
 
@@ -41,7 +46,8 @@ GRID = (*np.round(np.linspace(0.5, 0.95, 19), 3).tolist(), 0.97, 0.98, 0.99, 0.9
 class MemberCascadeConfig:
     max_members: int = 3
     bound_pp: float = 0.1  # % of val answers that may differ from running every member (>= the accuracy lost)
-    keep: int = 5  # at most this many cascades: the most accurate on the val accuracy / expected cost front
+    keep: int = 5  # at most this many cascades from the val accuracy / expected cost front
+    tie_se: float = 1.0  # val accuracies within this many standard errors count as equal: the cheaper is kept
 
 
 @dataclass
@@ -136,11 +142,13 @@ def search(
             by_depth = [float((simulate(steps, thresholds, d)[1] == labels).mean()) for d in range(1, k + 1)]
             full = float((steps[-1].argmax(axis=1) == labels).mean())
             found.append(Found(order, thresholds, accuracy, by_depth, full, shares, cost))
-    return front(found, config.keep)
+    return front(found, config.keep, config.tie_se, len(labels))
 
 
-def front(found: list[Found], keep: int) -> list[Found]:
-    """The cascades no other beats on both val accuracy and expected cost; the `keep` most accurate."""
+def front(found: list[Found], keep: int, tie_se: float = 0.0, images: int = 0) -> list[Found]:
+    """The cascades no other beats on both val accuracy and expected cost, thinned by ties: from the most
+    accurate down, those within `tie_se` standard errors (on `images` val images) of the group's most accurate
+    form a group, of which the cheapest is kept; at most `keep`, the most accurate groups first."""
     on_front = [
         f
         for f in found
@@ -151,7 +159,12 @@ def front(found: list[Found], keep: int) -> list[Found]:
             for g in found
         )
     ]
-    return sorted(on_front, key=lambda f: (-f.val_accuracy, f.expected_ms))[:keep]
+    rest, kept = sorted(on_front, key=lambda f: (-f.val_accuracy, f.expected_ms)), []
+    while rest and len(kept) < keep:
+        floor = rest[0].val_accuracy - tie_se * accuracy_stderr(rest[0].val_accuracy, images)
+        kept.append(min((f for f in rest if f.val_accuracy >= floor), key=lambda f: f.expected_ms))
+        rest = [f for f in rest if f.val_accuracy < floor]
+    return kept
 
 
 def candidates(rungs: list[Rung], bases: list[Rung]) -> list[Rung]:

@@ -89,6 +89,17 @@ def test_front_keeps_what_nothing_beats_on_both_most_accurate_first() -> None:
     assert [f.order[0] for f in front([_found("p", 0.95, 0.5), _found("q", 0.94, 0.2)], keep=1)] == ["p"]
 
 
+def test_front_keeps_the_cheapest_of_each_group_within_tie_se_standard_errors() -> None:
+    """One standard error of 0.95 on 5,000 val images is 0.31 pp: p, q and r are one group, of which r is the
+    cheapest; s, 0.9 pp below, starts the next. t is off the front (s beats it on both)."""
+    found = [_found("p", 0.950, 2.0), _found("q", 0.949, 1.5), _found("r", 0.948, 1.0)]
+    found += [_found("s", 0.940, 0.8), _found("t", 0.939, 0.9)]
+    assert [f.order[0] for f in front(found, keep=5, tie_se=1.0, images=5000)] == ["r", "s"]
+    assert [f.order[0] for f in front(found, keep=1, tie_se=1.0, images=5000)] == ["r"]
+    assert [f.order[0] for f in front(found, keep=5, tie_se=0.0, images=5000)] == ["p", "q", "r", "s"]
+    assert [f.order[0] for f in front(found, keep=5, tie_se=1.0, images=100)] == ["s"]  # 2.2 pp: one group
+
+
 def _cascade(name: str, val: float, mean_ms: float) -> MemberCascade:
     return MemberCascade.model_construct(name=name, val_accuracy=val, test_mean_ms=mean_ms, dominated=False)
 
