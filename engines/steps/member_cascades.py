@@ -159,7 +159,7 @@ def front(found: list[Found], keep: int, tie_se: float = 0.0, images: int = 0) -
             for g in found
         )
     ]
-    rest, kept = sorted(on_front, key=lambda f: (-f.val_accuracy, f.expected_ms)), []
+    rest, kept = sorted(on_front, key=lambda f: (-f.val_accuracy, f.expected_ms)), list[Found]()
     while rest and len(kept) < keep:
         floor = rest[0].val_accuracy - tie_se * accuracy_stderr(rest[0].val_accuracy, images)
         kept.append(min((f for f in rest if f.val_accuracy >= floor), key=lambda f: f.expected_ms))
