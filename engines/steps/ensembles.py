@@ -31,7 +31,15 @@ from engines.manifest import Ensemble, EnsembleTried, LatencyProfile, Rung
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import accuracy, engine_logits
 from engines.steps.measure import ProfileConfig, measure_latency, measure_peak_memory
-from engines.steps.stacker import FOLDS, candidate, export_stacker, fit_stacker, out_of_fold, stacker_versions
+from engines.steps.stacker import (
+    FOLDS,
+    SETTINGS,
+    candidate,
+    export_stacker,
+    fit_stacker,
+    out_of_fold,
+    stacker_versions,
+)
 
 Members = tuple[str, ...]
 
@@ -150,6 +158,7 @@ def search(ctx: BuildContext, bases: list[Rung], config: EnsembleConfig) -> tupl
         "seed": config.seed,
         "starts": config.starts,
         "folds": FOLDS,
+        "settings": {str(k): v for k, v in SETTINGS.items()},
         "versions": {**ctx.versions, **stacker_versions()},
     }
 
@@ -236,6 +245,7 @@ def _stacker(
         "seed": config.seed,
         "kinds": [str(k) for k in config.stackers],
         "folds": FOLDS,
+        "settings": {str(k): v for k, v in SETTINGS.items()},
         "versions": {**ctx.versions, **stacker_versions()},
     }
 

@@ -17,6 +17,15 @@ import numpy as np
 from engines.ensemble import STACKER_INPUT, StackerKind
 
 FOLDS = 5
+# The settings every build uses (part of the stacker step's cache key). The MLP stops once 10 % of its training
+# data held out has not improved for 10 epochs (scikit-learn's early_stopping). Side by side on the default
+# ladder's 4 ensembles (2026-11-25, 5-fold CV on val, then a refit, one thread): 300 fixed epochs took 25.6-28.8
+# s a stacker, early stopping 1.5-2.5 s (15-18 epochs), and its CV accuracy was higher on 3 of the 4 (94.64 %
+# against 94.04 % for exit 3, DenseNet, VGG; the fixed epochs overfit) and 0.14 pp lower on one.
+SETTINGS: dict[StackerKind, dict[str, Any]] = {
+    StackerKind.LOGISTIC: {"C": 1.0, "max_iter": 2000},
+    StackerKind.MLP: {"hidden_layer_sizes": [64], "alpha": 1e-3, "max_iter": 300, "early_stopping": True},
+}
 
 
 def candidate(kind: StackerKind, seed: int) -> Any:
@@ -24,10 +33,11 @@ def candidate(kind: StackerKind, seed: int) -> Any:
     if kind is StackerKind.LOGISTIC:
         from sklearn.linear_model import LogisticRegression
 
-        return LogisticRegression(C=1.0, max_iter=2000)
+        return LogisticRegression(**SETTINGS[kind])
     from sklearn.neural_network import MLPClassifier
 
-    return MLPClassifier(hidden_layer_sizes=(64,), alpha=1e-3, max_iter=300, random_state=seed)
+    settings = {**SETTINGS[kind], "hidden_layer_sizes": tuple(SETTINGS[kind]["hidden_layer_sizes"])}
+    return MLPClassifier(**settings, random_state=seed)
 
 
 @dataclass
