@@ -176,7 +176,7 @@ def _export(ctx: BuildContext, graphs: list[Graph], evals: Background) -> None:
     """Export one graph at a time, handing each answering graph's FP32 file to the background evaluations."""
     for g in ctx.bar(graphs, "export ONNX"):
         export_graphs(ctx, [g])
-        if g.kind != "stage":
+        if g.kind not in ("stage", "exit"):  # exits: from the stage chain (Background.exits_via_chain)
             evals.logits(ctx.out / g.file(FP32.file), FP32.backend, FP32.precision)
 
 
@@ -234,6 +234,7 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     stages, exits, members = (_by_kind(base, k) for k in ("stage", "exit", "member"))
     _export(ctx, stages + exits + members, fp32_evals)
     fp32_evals.chain(_chain(ctx, stages, FP32))
+    fp32_evals.exits_via_chain(_chain(ctx, stages, FP32), [ctx.out / g.file(FP32.file) for g in exits])
     full, path = search_cuts(ctx, config.cuts())
     cuts = plan_graphs(ctx.inputs, exported_cuts(full, path, config.cuts()), base=False)
     _export(ctx, cuts, fp32_evals)

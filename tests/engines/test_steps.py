@@ -282,3 +282,33 @@ def test_int8_weights_are_7_bit_only_where_8_bit_ones_saturate(tmp_path: Path, c
     path.write_text(cpuinfo)
     assert int8_saturates(path) is saturates
     assert int8_saturates(tmp_path / "absent") is False
+
+
+# -- accuracy passes ----------------------------------------------------------------------------------------
+
+
+def test_logits_by_another_route_stand_for_an_engine_s_only_when_it_gives_them(
+    tiny_ladder_dir: Path, tmp_path: Path
+) -> None:
+    """`engine_logits(..., same_as=...)`, as the build takes an FP32 exit's logits from the stage chain: a route
+    that agrees on the first SPOT_CHECK val images is taken whole (the marks after them come back: the engine did
+    not run there); one that disagrees there is not, and the engine's own logits are computed."""
+    import shutil
+
+    from engines.build import BuildConfig, open_context
+    from engines.steps.evaluate import SPOT_CHECK, engine_logits
+
+    def logits(name: str, same_as: np.ndarray | None = None) -> np.ndarray:
+        config = BuildConfig(members=(), progress=False)
+        ctx = open_context(tiny_ladder_dir.parent / "resnet_exits_tiny.pt", tmp_path / name, config)
+        path = shutil.copy(tiny_ladder_dir / "exit1.fp32.onnx", ctx.out / "exit1.fp32.onnx")
+        route = None if same_as is None else (lambda split: same_as)
+        return engine_logits(ctx, Path(path), Backend.ONNXRUNTIME, Precision.FP32, ("val",), 1, route)["val"]
+
+    own = logits("own")
+    marked = own.copy()
+    marked[SPOT_CHECK:] += 1.0
+    assert np.array_equal(logits("agrees", marked), marked)
+    wrong = own.copy()
+    wrong[SPOT_CHECK - 1] += 1.0
+    assert np.array_equal(logits("disagrees", wrong), own)
