@@ -241,9 +241,9 @@ class Planner:
     ) -> Plan:
         """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible).
 
-        auto: the most accurate answer reachable in time over every served option, with the queue wait and
-        each step's prediction multiplied by the caution factor (a cascade counts for the
-        steps that fit). static: the most accurate rung that fits whole. cascade: the most accurate stage
+        auto: over every served option, the cheapest whose accuracy reachable in time is within `tie` of the
+        best's, with the queue wait and each step's prediction multiplied by the caution factor (a cascade counts
+        for the steps that fit). static: the most accurate rung that fits whole. cascade: the most accurate stage
         cascade that fits whole, else the one whose first stage is quickest (it stops early when time runs
         out). fixed: the named option, if its first step fits.
         """

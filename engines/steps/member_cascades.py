@@ -13,8 +13,8 @@ The cascades kept are drawn from those no other beats on both val accuracy and e
 among them (service/planner.py): val accuracies within `tie_se` standard errors of the most accurate count as
 equal, and of such a group only the cheapest is kept; then the next group below it, up to `keep` cascades. (On
 the ladder of 2026-11-25 the five most accurate of the 9 on the front lay within 0.06 pp of val accuracy, 3
-images of 5,000, and cost 1.4-2.7 ms; keeping them crowded out every cascade that starts with the fastest
-member, 1.1-1.3 ms, which `auto` then could not choose.)
+images of 5,000, at an expected 1.44-2.67 ms; keeping them, as before, dropped the cheaper ones, 1.00-1.30 ms,
+MobileNetV2 then VGG with or without a third member.)
 
 Orders and thresholds are chosen on val only; the test split is read afterwards, once per kept cascade, to
 report accuracy and exit shares and to measure the cost: the cascade is run image by image at batch 1 over
