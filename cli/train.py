@@ -77,6 +77,11 @@ def add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="fashion-mnist", help=DATA_HELP)
     p.add_argument("--threads", type=positive, default=DEFAULTS["threads"], help="(default: %(default)s)")
     p.add_argument("--runs", type=positive, default=200, help="timed runs per latency figure (default: %(default)s)")
+    p.add_argument(
+        "--limit",
+        type=positive,
+        help="accuracy on the first N test images only (the checkpoint records test[:1000]; default: all)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run_evaluate)
 
@@ -88,5 +93,5 @@ def run_evaluate(args: argparse.Namespace) -> None:
 
     source = open_source(args.data)
     ckpt = load_checkpoint(args.checkpoint, source)
-    report = evaluate_checkpoint(ckpt, source, threads=args.threads, runs=args.runs)
+    report = evaluate_checkpoint(ckpt, source, threads=args.threads, runs=args.runs, limit=args.limit)
     print(json.dumps(report, indent=2) if args.json else report["text"])

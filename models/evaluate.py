@@ -50,12 +50,16 @@ def time_call(fn: Any, x: torch.Tensor, runs: int, warmup: int = 20) -> dict[str
 
 
 @torch.inference_mode()
-def evaluate_checkpoint(ckpt: Checkpoint, source: DataSource, threads: int = 2, runs: int = 200) -> dict[str, Any]:
-    """Test accuracy per exit (recomputed), params, MACs, and torch eager latency at batch 1 and 32."""
+def evaluate_checkpoint(
+    ckpt: Checkpoint, source: DataSource, threads: int = 2, runs: int = 200, limit: int | None = None
+) -> dict[str, Any]:
+    """Test accuracy per exit (recomputed; on the first `limit` test images if given), params, MACs, and torch
+    eager latency at batch 1 and 32."""
     set_determinism(0, threads)
     model = ckpt.build_model()
     spec = ckpt.preprocess
     test = source.split("test")
+    test = test.head(limit) if limit is not None else test
     accuracy = evaluate_exits(model, test, spec, progress=True)
     rows = []
     for k in range(1, model.num_stages + 1):
