@@ -93,24 +93,12 @@ def tiny_ladder_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fi
     if source is not None and (source / "ladder" / "ladder.json").is_file():
         shutil.copytree(source, root, dirs_exist_ok=True)  # a copy: a test may write into its ladder
         return root / "ladder"
-    from tests.tiny_ladder import build_tiny_ladder
+    from tests.tiny_ladder import build_tiny_ladder, store
 
     ladder = build_tiny_ladder(root, request.getfixturevalue("fmnist"))
     if cached is not None:
-        _store(root, cached)
+        store(root, cached)
     return ladder
-
-
-def _store(built: Path, cached: Path) -> None:
-    """Keep a built tiny ladder for later sessions: copied beside its place, then renamed into it (atomic: a
-    session that reads the cache sees a whole ladder or none; of two sessions that built one, the first stays)."""
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    staging = cached.parent / f".{cached.name}.{os.getpid()}"
-    shutil.copytree(built, staging)
-    try:
-        staging.rename(cached)
-    except OSError:  # another session stored it first
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

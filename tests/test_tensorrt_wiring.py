@@ -7,6 +7,7 @@ And, unsubstituted: asking for TensorRT where it is not is one line and exit 2.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from loadtest.harness import free_port, png_base64, running_process
 from models.data import FashionMNIST
 from tests.fakes import tensorrt as fake_trt
 from tests.fakes.gpu import GPU_NAME
+from tests.tiny_ladder import cached_tiny_ladder, store
 
 pytestmark = pytest.mark.slow
 
@@ -76,13 +78,26 @@ TINY_CLI = ["--calib-samples", "200", "--runs", "60", "--min-runs", "20", "--max
 @pytest.fixture(scope="module")
 def plan_ladder_dir(tiny_ladder_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny ladder rebuilt by `anytime build --backend tensorrt` (substituted). Its directory is copied with
-    the build cache, so only the TensorRT steps run; no members, so no ensembles to refit."""
+    the build cache, so only the TensorRT steps run; no members, so no ensembles to refit. Kept beside the tiny
+    ladder in its cache (tests/tiny_ladder.py), keyed also by the CLI, the substitutes and this file: a later
+    session copies it (28 s of the quick loop here). Not with a given tiny ladder (ANYTIME_TEST_TINY_LADDER)."""
     out = tmp_path_factory.mktemp("plans") / "ladder"
+    given = bool(os.environ.get("ANYTIME_TEST_TINY_LADDER"))
+    cached = (
+        None
+        if given
+        else cached_tiny_ladder("tiny-plan-ladder", ("cli", "tests/fakes", "tests/test_tensorrt_wiring.py"))
+    )
+    if cached is not None and (cached / "ladder.json").is_file():
+        shutil.copytree(cached, out)
+        return out
     shutil.copytree(tiny_ladder_dir, out)
     checkpoint = tiny_ladder_dir.parent / "resnet_exits_tiny.pt"
     argv = [*SUBSTITUTED, "--", "build", str(checkpoint), "--members", "--out", str(out), "--backend", "tensorrt"]
     done = subprocess.run([*argv, *TINY_CLI], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    if cached is not None:
+        store(out, cached)
     return out
 
 

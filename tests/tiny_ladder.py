@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import sys
 import time
 from importlib import metadata
@@ -60,19 +61,33 @@ SOURCES = ("models", "calibration", "engines")  # what trains and builds a ladde
 DEPENDENCIES = ("torch", "onnx", "onnxruntime", "openvino", "numpy", "scikit-learn", "skl2onnx", "onnxconverter-common")
 
 
-def cached_tiny_ladder() -> Path | None:
-    """Where the cache keeps the tiny ladder of this checkout's sources (it may not be there yet); None: no cache."""
+def cached_tiny_ladder(name: str = "tiny-ladder", also: tuple[str, ...] = ()) -> Path | None:
+    """Where the cache keeps the tiny ladder of this checkout's sources (it may not be there yet); None: no cache.
+    `name` and `also` (more paths whose .py files the key hashes) name something else made from it: the
+    substituted TensorRT ladder of tests/test_tensorrt_wiring.py."""
     setting = os.environ.get(CACHE_ENV, "")
     if setting == "0":
         return None
     base = Path(setting) if setting else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "anytime"
-    return base / f"tiny-ladder-{_key()}"
+    return base / f"{name}-{_key(also)}"
 
 
-def _key() -> str:
+def store(built: Path, cached: Path) -> None:
+    """Keep what a session built for later sessions: copied beside its place, then renamed into it (atomic: a
+    session that reads the cache sees all of it or none; of two sessions that built one, the first stays)."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    staging = cached.parent / f".{cached.name}.{os.getpid()}"
+    shutil.copytree(built, staging)
+    try:
+        staging.rename(cached)
+    except OSError:  # another session stored it first
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _key(also: tuple[str, ...] = ()) -> str:
     root = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
-    files = [Path(__file__).resolve(), *sorted(f for p in SOURCES for f in (root / p).rglob("*.py"))]
+    files = [Path(__file__).resolve(), *sorted(f for p in (*SOURCES, *also) for f in _py_files(root / p))]
     for path in files:
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     for name in DEPENDENCIES:
@@ -83,6 +98,10 @@ def _key() -> str:
         digest.update(f"{name}={version}\0".encode())
     digest.update(sys.version.encode())
     return digest.hexdigest()[:16]
+
+
+def _py_files(path: Path) -> list[Path]:
+    return [path] if path.is_file() else list(path.rglob("*.py"))
 
 
 def build_tiny_ladder(root: Path, fmnist: FashionMNIST) -> Path:
