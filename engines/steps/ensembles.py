@@ -158,7 +158,7 @@ def search(ctx: BuildContext, bases: list[Rung], config: EnsembleConfig) -> tupl
         "seed": config.seed,
         "starts": config.starts,
         "folds": FOLDS,
-        "settings": {str(k): v for k, v in SETTINGS.items()},
+        "settings": SETTINGS,
         "versions": {**ctx.versions, **stacker_versions()},
     }
 
@@ -245,7 +245,7 @@ def _stacker(
         "seed": config.seed,
         "kinds": [str(k) for k in config.stackers],
         "folds": FOLDS,
-        "settings": {str(k): v for k, v in SETTINGS.items()},
+        "settings": SETTINGS,
         "versions": {**ctx.versions, **stacker_versions()},
     }
 
