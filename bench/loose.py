@@ -4,9 +4,12 @@ Method: one Anytime server on the ladder (loopback, the usual uvicorn flags); on
 blocking socket, concurrency 1). Every one of the test split's 10,000 images is sent once per configuration
 as a JSON/base64 body with a 1000 ms deadline: `auto` (the default policy), `fixed` on the fastest single rung
 (lowest batch-1 p50 in ladder.json) and `fixed` on the fastest single rung of >= 93.5 % test accuracy
-(`--accurate-pct`). Configurations are interleaved in chunks of `--chunk` images, so a slow spell of the
-machine hits them alike. Accuracy is the answers' labels against the test labels; latency is measured at the
-client (send to last byte). Also printed: which plans `auto` answered with.
+(`--accurate-pct`); and the plain baseline server (loadtest/baseline.py: FastAPI + ONNX Runtime, its own
+process, the same uvicorn flags) on the fastest single rung's ONNX file, over its own keep-alive connection.
+Configurations are interleaved in chunks of `--chunk` images, so a slow spell of the machine hits them alike.
+Accuracy is the answers' labels against the test labels; latency is measured at the client (send to last byte).
+Afterwards the fastest rung's bare engine is timed in this process (batch 1, the same images, after the servers
+have stopped). Also printed: which plans `auto` answered with, and ratios to the plain server.
 
     python -m bench.loose [--ladder ladders/default] [--images 10000] [--out reports/loose.json]
 """
@@ -14,6 +17,7 @@ client (send to last byte). Also printed: which plans `auto` answered with.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from collections import Counter
@@ -23,11 +27,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bench.frontdoor import _json_requests
+from bench.frontdoor import _json_requests, engine_ms
 from engines.manifest import Ladder, Rung, load_ladder
+from loadtest.baseline import running_baseline
 from loadtest.harness import png_base64, running_server
 from loadtest.http import BlockingConnection
-from models.data import FashionMNIST
+from models.data import FashionMNIST, PreprocessSpec
 
 
 @dataclass
@@ -39,6 +44,7 @@ class Config:
     answered: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
     plans: Counter[str] = field(default_factory=Counter)
+    server: str = "anytime"  # or "plain": the baseline server
 
     def run(self, conn: BlockingConnection, requests: list[bytes], labels: np.ndarray) -> None:
         for request, label in zip(requests, labels, strict=True):
@@ -81,22 +87,33 @@ def main() -> None:
     n = min(args.images, len(split.labels))
     images, labels = split.images[:n], split.labels[:n]
     configs = [Config("auto (default policy)", {"deadline_ms": 1000})]
-    for role, rung in pick(ladder, args.accurate_pct / 100).items():
+    picked = pick(ladder, args.accurate_pct / 100)
+    for role, rung in picked.items():
         fixed = {"deadline_ms": 1000, "policy": "fixed", "rung": rung.name}
         configs.append(Config(f"fixed {rung.name} ({role})", fixed))
+    fastest = picked["fastest single rung"]
+    configs.append(Config(f"plain FastAPI + ORT, {fastest.name}", {"deadline_ms": 1000}, server="plain"))
     pngs = [png_base64(im) for im in tqdm(images, desc="encode PNG", leave=False)]
-    with running_server(args.ladder) as url:
-        bodies = {c.label: _json_requests(url, pngs, **c.options) for c in configs}
-        conn = BlockingConnection(url)
-        try:
-            for c in configs:  # warm-up: 200 requests each, not counted
-                Config(c.label, c.options).run(conn, bodies[c.label][:200], labels[:200])
-            for lo in tqdm(range(0, n, args.chunk), desc="interleaved rounds"):
-                hi = min(lo + args.chunk, n)
-                for c in configs:
-                    c.run(conn, bodies[c.label][lo:hi], labels[lo:hi])
-        finally:
-            conn.close()
+    with contextlib.ExitStack() as stack:
+        urls = {
+            "anytime": stack.enter_context(running_server(args.ladder)),
+            "plain": stack.enter_context(running_baseline(args.ladder, fastest.name)),
+        }
+        bodies = {c.label: _json_requests(urls[c.server], pngs, **c.options) for c in configs}
+
+        def run(c: Config, lo: int, hi: int) -> None:
+            # A connection per chunk, opened before the clock starts: one left idle while the other server's
+            # configurations ran outlived uvicorn's keep-alive (5 s) and was closed under the client.
+            with contextlib.closing(BlockingConnection(urls[c.server])) as conn:
+                c.run(conn, bodies[c.label][lo:hi], labels[lo:hi])
+
+        for c in configs:  # warm-up: 200 requests each, not counted
+            run(Config(c.label, c.options, server=c.server), 0, 200)
+        for lo in tqdm(range(0, n, args.chunk), desc="interleaved rounds"):
+            for c in configs:
+                run(c, lo, min(lo + args.chunk, n))
+    spec = PreprocessSpec.from_dict(ladder.preprocess)
+    bare_p50 = float(np.percentile(engine_ms(args.ladder, fastest, spec.normalize(images[:1000]), n), 50))
     fastest_p50 = float(np.percentile(configs[1].client_ms, 50))
     report = {"images": n, "configs": []}
     print(f"\n{n} test images each, deadline 1000 ms, concurrency 1, JSON/base64 bodies, client latency:")
@@ -121,6 +138,17 @@ def main() -> None:
     )
     for cfg in report["configs"][2:]:
         print(f"auto - {cfg['label']}: {auto['client_p50_ms'] - cfg['client_p50_ms']:+.3f} ms client p50")
+    plain = report["configs"][-1]
+    if plain["statuses"] != {200: n}:  # a ratio to errors would mean nothing
+        raise SystemExit(f"the plain server did not answer every request 200: {plain['statuses']}")
+    report["bare_engine_p50_ms"] = bare_p50
+    print(
+        f"ratios of client p50 to the plain server on {fastest.name}: auto "
+        f"{auto['client_p50_ms'] / plain['client_p50_ms']:.2f}x, Anytime fixed on the same rung "
+        f"{report['configs'][1]['client_p50_ms'] / plain['client_p50_ms']:.2f}x; bare engine p50 {bare_p50:.3f} ms "
+        f"(auto - engine {auto['client_p50_ms'] - bare_p50:.3f} ms, plain - engine "
+        f"{plain['client_p50_ms'] - bare_p50:.3f} ms)"
+    )
     print("plans auto answered with: " + ", ".join(f"{k} {v}" for k, v in configs[0].plans.most_common()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
