@@ -1,11 +1,14 @@
 # Set-up is idempotent: `make serve` and `make test` each create .venv, install the data and the
-# Python dependencies when missing, then do their job.
+# Python dependencies when missing, then do their job. `make serve` installs what serving and building
+# need; `make test` (and `make lint`) add the dev tools (about 8 s more here), so a first answer does not
+# wait for pytest, mypy and schemathesis.
 # Python 3.10 to 3.12; 3.11 first: the pinned torch wheels (constraints/cpu.txt) are built for it.
 PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3.10 || command -v python3)
 CONSTRAINTS := constraints/cpu.txt
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 LADDER ?= ladders/default
 CHECKPOINT ?= models/checkpoints/resnet_exits_fmnist.pt
 MEMBERS ?= models/checkpoints/densenet_fmnist.pt models/checkpoints/mobilenetv2_fmnist.pt \
@@ -16,10 +19,10 @@ MEMBERS ?= models/checkpoints/densenet_fmnist.pt models/checkpoints/mobilenetv2_
 serve: $(STAMP) data ladder
 	$(BIN)/anytime serve --ladder $(LADDER)
 
-test: $(STAMP) data ladder
+test: $(DEV_STAMP) data ladder
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
-venv: $(STAMP)
+venv: $(DEV_STAMP)
 
 # Editable install in compat mode puts the checkout on sys.path. The default editable finder ranks below
 # sys.path, and onnxruntime.transformers appends a directory holding a namespace package named `models`,
@@ -30,8 +33,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 		{ echo "error: Python 3.10, 3.11 or 3.12 is required (found $$($(PYTHON) --version))" >&2; exit 1; }
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[cpu,dev]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[cpu]' --config-settings editable_mode=compat
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[cpu,dev]' --config-settings editable_mode=compat
+	touch $(DEV_STAMP)
 
 data:
 	@scripts/ensure-data.sh
@@ -44,7 +51,7 @@ $(LADDER)/ladder.json: $(CHECKPOINT) $(MEMBERS) | $(STAMP)
 	@scripts/ensure-data.sh
 	$(BIN)/anytime build $(CHECKPOINT) --members $(MEMBERS) --out $(LADDER)
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 clean:

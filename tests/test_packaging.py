@@ -166,6 +166,9 @@ def test_makefile_check_passes_on_this_python_and_prefers_3_11() -> None:
     text = (ROOT / "Makefile").read_text()
     assert "command -v python3.11 || command -v python3.12 || command -v python3.10 || command -v python3" in text
     assert "-c $(CONSTRAINTS) -e '.[cpu,dev]'" in text and "CONSTRAINTS := constraints/cpu.txt" in text
+    # Serving installs no dev tools: they come with the tests (make test, make lint).
+    assert "-c $(CONSTRAINTS) -e '.[cpu]'" in text
+    assert re.search(r"^serve: \$\(STAMP\) ", text, re.M) and re.search(r"^test: \$\(DEV_STAMP\) ", text, re.M)
 
 
 @pytest.mark.parametrize("python", ["3.10", "3.11"])
