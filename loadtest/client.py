@@ -143,7 +143,7 @@ class _Sender:
             record.client_ms, record.code = (time.perf_counter() - sent) * 1e3, "transport_error"
             return record
         record.client_ms = (time.perf_counter() - sent) * 1e3
-        record.status = response.status
+        record.status, record.new_connection = response.status, response.new_connection
         try:
             body = response.json()
         except ValueError:

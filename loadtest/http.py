@@ -28,6 +28,7 @@ TRANSPORT_ERRORS = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunEr
 class Response:
     status: int
     body: bytes
+    new_connection: bool = False  # the request opened a connection (none of the pool's was idle)
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -167,7 +168,9 @@ class ConnectionPool:
             sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return await self._exchange(conn, request)
+            response = await self._exchange(conn, request)
+            response.new_connection = True
+            return response
 
     async def _exchange(self, conn: _Connection, request: bytes) -> Response:
         try:

@@ -50,6 +50,7 @@ class Record:
     exit: int | None = None
     deadline_met: bool = False
     correct: bool = False
+    new_connection: bool = False  # the request waited for a connection to be opened and accepted
 
     @property
     def answered(self) -> bool:

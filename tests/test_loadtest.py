@@ -175,14 +175,16 @@ def test_http_client_reads_lengths_chunks_and_reconnects() -> None:
         server, connections = await _tiny_server(answers)
         pool = ConnectionPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", 4)
         request = pool.request("POST", "/v1/classify", b'{"x": 1}')
-        out = []
+        out, opened = [], []
         for _ in range(5):
             response = await pool.send(request, 5)
             out.append((response.status, response.body))
+            opened.append(response.new_connection)
         await pool.close()
         server.close()
         # one reused for three answers, a new one after "connection: close", another after the unannounced close
         assert len(connections) == 3
+        assert opened == [True, False, False, True, True]  # each answer says whether its request opened one
         return out
 
     assert asyncio.run(scenario()) == [
@@ -319,3 +321,16 @@ def test_baseline_answers_like_the_service(ladder_dir: Path, fmnist: FashionMNIS
     assert body["rung"].endswith("fp32.onnxruntime")
     bad = client.post("/v1/classify", json={"image": "not base64!", "deadline_ms": 10})
     assert bad.status_code == 400 and bad.json()["code"] == "bad_image"
+
+
+def test_frontdoor_refusal_p99_can_leave_out_requests_that_opened_a_connection() -> None:
+    from bench.frontdoor import Trial
+
+    def record(i: int, status: int, ms: float, new: bool) -> Record:
+        return Record(i, 0, 0, 5.0, 0.0, 0.0, ms, status, "overloaded" if status == 503 else "ok", new_connection=new)
+
+    refused = [record(i, 503, 1.0, False) for i in range(99)] + [record(99, 503, 40.0, True)]
+    trial = Trial("anytime", 100.0, 5.0, [*refused, record(100, 200, 90.0, True)])
+    assert trial.refusal_p99() == pytest.approx(1.0 + 0.01 * 39.0)  # numpy's linear interpolation at the 99th
+    assert trial.refusal_p99(reused_only=True) == 1.0
+    assert trial.new_connections() == 2
