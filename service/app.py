@@ -128,16 +128,18 @@ def create_app(settings: Settings | None = None, load_in_background: bool = True
         yield
         runtime.close()
 
+    off = {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(
         title="Anytime",
         version="0.1.0",
         lifespan=lifespan,
         description="Image classification that answers within each request's own deadline.",
+        telemetry=None if settings.otel else off,  # type: ignore[arg-type]
     )
     app.state.settings, app.state.runtime, app.state.metrics = settings, runtime, metrics
 
     install_error_handlers(app)
-    app.router.routes.extend(classify.routes)  # plain ASGI routes, matched first (see routes/classify.py)
+    app.router.routes[:0] = classify.routes  # plain ASGI routes, matched first, before FastAPI's docs routes
     for module in (health, ladder):
         app.include_router(module.router)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]

@@ -56,6 +56,11 @@ class Settings(BaseSettings):
         16, ge=0, description="no shedding with this many connections open or fewer (they bound what is in flight)"
     )
     access_log: bool = Field(False, description="one log line per request (off: it costs more than a fast rung)")
+    otel: bool = Field(
+        False,
+        description="FastAPI's native OpenTelemetry tracing, metrics and logs (off: /metrics is the service's "
+        "telemetry; when on, every request first asks the global OpenTelemetry providers whether they are set)",
+    )
     log_format: LogFormat = Field("text", description="text lines, or one JSON object a line")
     # Security (service/auth.py): without a key every route is open, as on a trusted network.
     api_key: SecretStr | None = Field(None, description="if set, /v1 routes need `Authorization: Bearer <key>`")
