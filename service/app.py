@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.admission import BATCH, CLASSIFY
@@ -128,13 +129,13 @@ def create_app(settings: Settings | None = None, load_in_background: bool = True
         yield
         runtime.close()
 
-    off = {"tracing": False, "metrics": False, "logs": False}
+    off: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(
         title="Anytime",
         version="0.1.0",
         lifespan=lifespan,
         description="Image classification that answers within each request's own deadline.",
-        telemetry=None if settings.otel else off,  # type: ignore[arg-type]
+        telemetry=None if settings.otel else off,
     )
     app.state.settings, app.state.runtime, app.state.metrics = settings, runtime, metrics
 
