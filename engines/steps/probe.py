@@ -5,8 +5,9 @@ The rule (`decide`): on one representative graph (the last exit), a precision ca
   1. it is faster than FP32 at batch 1 by at least `min_speedup` (it is no more accurate than FP32, so an
      engine that is not faster is dominated by the FP32 one); INT8 by at least `int8_min_speedup`, and
   2. for BF16 and FP16: the INT8 engine of the same graph, where INT8 pays, does not dominate it: it is
-     faster than INT8 at batch 1, or more accurate than INT8 on val (a BF16 rung is useful only between INT8
-     and FP32 on the front).
+     faster than INT8 at batch 1, or more accurate than INT8 on val by more than `tie_se` standard errors (a
+     BF16 rung is useful only between INT8 and FP32 on the front; one val image more, 0.02 pp, is noise: a
+     re-export that moved INT8's val accuracy by one image built six BF16 rungs that no plan served).
 INT8 fails rule 1 on x86 CPUs without VNNI: ONNX Runtime's u8s8 kernels there (VPMADDUBSW) were slower than
 FP32 for every graph of the default ladder (AMD EPYC, AVX2, 2026-11-25: batch-1 p50 INT8 / FP32 1.09 for exit
 1, 1.07 for exit 3, 1.13 for VGG, 1.44 for DenseNet), so every INT8 rung there was dominated and its
@@ -29,7 +30,7 @@ import numpy as np
 
 from engines.base import Precision
 from engines.factory import open_engine
-from engines.manifest import Probe, ProbeEngine
+from engines.manifest import Probe, ProbeEngine, accuracy_stderr
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import accuracy, engine_logits
 from engines.steps.export import fp16_file
@@ -39,7 +40,7 @@ OPTIONAL = (BF16, FP16)
 RULE = (
     "a precision besides FP32 is built only if, on the probe graph, its batch-1 p50 is at least {min_speedup:.0%} "
     "(INT8: {int8_min_speedup:.0%}) below FP32's, and (BF16, FP16) a paying INT8 does not dominate it (INT8 slower "
-    "at batch 1, or less accurate on val)"
+    "at batch 1, or less accurate on val by more than {tie_se:g} standard error)"
 )
 
 
@@ -50,9 +51,10 @@ class ProbeConfig:
     warmup: int = 20
     min_speedup: float = 0.05
     int8_min_speedup: float = 0.2  # INT8 also risks accuracy, and its files take most of a build: clearly faster
+    tie_se: float = 1.0  # val accuracies closer than this many standard errors are equal (as member cascades)
 
     def rule(self) -> str:
-        return RULE.format(min_speedup=self.min_speedup, int8_min_speedup=self.int8_min_speedup)
+        return RULE.format(min_speedup=self.min_speedup, int8_min_speedup=self.int8_min_speedup, tie_se=self.tie_se)
 
 
 def faster_than_fp32(p50: dict[Precision, float], precision: Precision, min_speedup: float) -> bool:
@@ -64,8 +66,11 @@ def decide(
     val: dict[Precision, float | None],
     min_speedup: float,
     int8_min_speedup: float = ProbeConfig.int8_min_speedup,
+    val_images: int = 0,
+    tie_se: float = ProbeConfig.tie_se,
 ) -> dict[Precision, tuple[bool, str]]:
-    """Rule 1 and 2 of the module doc for INT8 and every optional precision in `p50`; (pays, why) each."""
+    """Rule 1 and 2 of the module doc for INT8 and every optional precision in `p50`; (pays, why) each.
+    `val_images`: how many images the val accuracies were measured on (0: any difference counts)."""
     fp32, int8 = p50[Precision.FP32], p50[Precision.INT8]
     int8_pays = faster_than_fp32(p50, Precision.INT8, int8_min_speedup)
     out: dict[Precision, tuple[bool, str]] = {
@@ -85,16 +90,18 @@ def decide(
             out[precision] = (True, f"{ms:.3f} ms at batch 1: faster than FP32 ({fp32:.3f}); INT8 does not pay")
         elif ms < int8:
             out[precision] = (True, f"{ms:.3f} ms at batch 1: faster than FP32 ({fp32:.3f}) and INT8 ({int8:.3f})")
-        elif acc is not None and acc_int8 is not None and acc > acc_int8:
+        elif acc is not None and acc_int8 is not None and acc > acc_int8 + tie_se * accuracy_stderr(acc, val_images):
             out[precision] = (
                 True,
-                f"faster than FP32 and more accurate than INT8 on val ({acc:.2%} vs {acc_int8:.2%})",
+                f"faster than FP32 and more accurate than INT8 on val ({acc:.2%} vs {acc_int8:.2%}, "
+                f"more than {tie_se:g} standard error of {accuracy_stderr(acc, val_images):.2%})",
             )
         else:
             out[precision] = (
                 False,
                 f"faster than FP32 ({ms:.3f} vs {fp32:.3f} ms) but INT8 dominates it: {int8:.3f} ms and "
-                f"{acc_int8:.2%} on val vs {acc if acc is None else f'{acc:.2%}'}",
+                f"{acc_int8:.2%} on val vs {acc if acc is None else f'{acc:.2%}'} (within {tie_se:g} standard "
+                f"error: {accuracy_stderr(acc or 0.0, val_images):.2%})",
             )
     return out
 
@@ -144,7 +151,7 @@ def run_probe(ctx: BuildContext, g: Graph, config: ProbeConfig) -> Probe:
             if k in (FP32, INT8) or faster_than_fp32(p50, k.precision, config.min_speedup):
                 logits = engine_logits(ctx, files[k.precision], k.backend, k.precision, ("val",))
                 val[k.precision] = accuracy(logits["val"], val_split.labels)
-        decisions = decide(p50, val, config.min_speedup, config.int8_min_speedup)
+        decisions = decide(p50, val, config.min_speedup, config.int8_min_speedup, len(val_split), config.tie_se)
         return Probe(
             graph=g.name,
             rule=config.rule(),
