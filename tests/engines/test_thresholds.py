@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+import pytest
 
 from engines.base import entropy
 from engines.steps.thresholds import fit_thresholds, simulate
@@ -44,3 +47,43 @@ def test_zero_bound_never_loses_accuracy() -> None:
     exits, labels = _synthetic(seed=1)
     fit = fit_thresholds(exits, labels, [1.0, 2.0, 3.0], bound_pp=0.0)
     assert fit.accuracy >= fit.last_exit_accuracy
+
+
+def _brute_force(
+    exit_logits: list[np.ndarray], labels: np.ndarray, stage_ms: list[float], bound_pp: float
+) -> tuple[float, float, list[float]]:
+    """Every combination of the same grids scored one by one: the search `fit_thresholds` vectorises."""
+    k = len(exit_logits)
+    ents = [entropy(lg) for lg in exit_logits[:-1]]
+    points = max(5, int(20_000 ** (1 / max(1, k - 1))))
+    grids = [[-1.0, *np.unique(np.quantile(e, np.linspace(0, 1, points))).tolist()] for e in ents]
+    correct = np.stack([lg.argmax(1) for lg in exit_logits]) == labels[None]
+    target, cum_ms = correct[-1].mean() - bound_pp / 100, np.cumsum(stage_ms)
+    best: tuple[float, float, list[float]] | None = None
+    n = len(labels)
+    for combo in itertools.product(*grids):
+        exit_at, undecided = np.full(n, k - 1), np.ones(n, bool)
+        for i, t in enumerate(combo):
+            stop = undecided & (ents[i] <= t)
+            exit_at[stop] = i
+            undecided &= ~stop
+        acc = correct[exit_at, np.arange(len(labels))].mean()
+        cost = cum_ms[exit_at].mean()
+        if acc >= target and (
+            best is None or cost < best[0] - 1e-12 or (abs(cost - best[0]) <= 1e-12 and acc > best[1])
+        ):
+            best = (cost, acc, list(combo))
+    return best
+
+
+@pytest.mark.parametrize(("k", "bound"), [(1, 0.5), (2, 0.0), (3, 0.5), (3, 2.0)])
+def test_the_vectorised_search_finds_what_trying_every_combination_finds(k: int, bound: float) -> None:
+    rng = np.random.default_rng(k)
+    n = 300
+    labels = rng.integers(0, 10, n)
+    exits = [rng.normal(size=(n, 10)) + np.eye(10)[labels] * rng.uniform(0.5, 4) for _ in range(k)]
+    stage_ms = rng.uniform(0.1, 1.0, k).tolist()
+    fit = fit_thresholds(exits, labels, stage_ms, bound)
+    cost, acc, chosen = _brute_force(exits, labels, stage_ms, bound)
+    assert fit.thresholds == chosen
+    assert fit.mean_cost_ms == pytest.approx(cost) and fit.accuracy == pytest.approx(acc)
