@@ -55,6 +55,29 @@ def val_accuracy(model: Any, split: Split, spec: PreprocessSpec, cut: tuple[str,
     return hits / len(split)
 
 
+@torch.inference_mode()
+def removal_accuracies(
+    model: Any, split: Split, spec: PreprocessSpec, cut: tuple[str, ...], candidates: list[str]
+) -> dict[str, float]:
+    """The last exit's accuracy on `split` with each candidate block dropped on top of `cut`, as
+    `val_accuracy(model, split, spec, (*cut, candidate))` gives it, in one walk per batch: the blocks before a
+    candidate run once, not once per candidate (the default ladder's search: 15.5 s before)."""
+    names = model.block_names()
+    hits = dict.fromkeys(candidates, 0)
+    for images, labels in split.batches(500):
+        x = model.stem(torch.from_numpy(spec.normalize(images)))
+        for i, name in enumerate(names):
+            if name in hits:
+                y = x
+                for later in names[i + 1 :]:
+                    if later not in cut:
+                        y = _block(model, later)(y)
+                hits[name] += int((model.forward_exit(model.num_stages, y).argmax(1).numpy() == labels).sum())
+            if name not in cut:
+                x = _block(model, name)(x)
+    return {name: h / len(split) for name, h in hits.items()}
+
+
 def greedy_cuts(
     model: Any, val: Split, spec: PreprocessSpec, stop_below_pp: float = 100.0
 ) -> list[dict[str, float | str]]:
@@ -75,10 +98,8 @@ def _greedy_path(
     steps: list[dict[str, float | str]] = []
     remaining = list(saved)
     while remaining and current >= full - stop_below_pp / 100:
-        scored = []
-        for name in remaining:
-            acc = val_accuracy(model, val, spec, (*cut, name))
-            scored.append(((current - acc) / max(saved[name], 1e-9), name, acc))
+        accs = removal_accuracies(model, val, spec, cut, remaining)
+        scored = [((current - accs[name]) / max(saved[name], 1e-9), name, accs[name]) for name in remaining]
         _, name, acc = min(scored)
         cut = (*cut, name)
         remaining.remove(name)
