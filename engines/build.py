@@ -42,7 +42,7 @@ from engines.steps.cascades import CascadeConfig, build_cascade
 from engines.steps.context import BuildContext, default_workers, software_versions
 from engines.steps.cuts import CutConfig, exported_cuts, search_cuts
 from engines.steps.ensembles import EnsembleConfig, build_ensembles, ensemble_bases
-from engines.steps.evaluate import Background
+from engines.steps.evaluate import Background, exit_logits_via_chain
 from engines.steps.export import export_graphs, fp16_file
 from engines.steps.graphs import (
     CPU_ENGINES,
@@ -176,7 +176,7 @@ def _export(ctx: BuildContext, graphs: list[Graph], evals: Background) -> None:
     """Export one graph at a time, handing each answering graph's FP32 file to the background evaluations."""
     for g in ctx.bar(graphs, "export ONNX"):
         export_graphs(ctx, [g])
-        if g.kind not in ("stage", "exit"):  # exits: from the stage chain (Background.exits_via_chain)
+        if g.kind not in ("stage", "exit"):  # exits: from the stage chain (exit_logits_via_chain)
             evals.logits(ctx.out / g.file(FP32.file), FP32.backend, FP32.precision)
 
 
@@ -226,15 +226,14 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     profile = config.profile()
     phases = _Phases(ctx, start)
 
-    # Accuracy passes (ONNX Runtime, GIL released) run in background threads beside export, the cut search
+    # Accuracy passes (ONNX Runtime, GIL released) run in a background thread beside export, the cut search
     # and calibration (mostly Python on one core); nothing is timed until they are done. Once calibration is
-    # done the main thread only waits, so the INT8 passes get the cores it leaves.
-    fp32_evals, int8_evals = Background(ctx), Background(ctx, workers=ctx.eval_threads)
+    # done the main thread takes what is left of them (Background.wait), and of the INT8 passes after it.
+    fp32_evals, int8_evals = Background(ctx), Background(ctx, workers=max(1, ctx.eval_threads - 1))
     base = plan_graphs(ctx.inputs, [])
     stages, exits, members = (_by_kind(base, k) for k in ("stage", "exit", "member"))
     _export(ctx, stages + exits + members, fp32_evals)
     fp32_evals.chain(_chain(ctx, stages, FP32))
-    fp32_evals.exits_via_chain(_chain(ctx, stages, FP32), [ctx.out / g.file(FP32.file) for g in exits])
     full, path = search_cuts(ctx, config.cuts())
     cuts = plan_graphs(ctx.inputs, exported_cuts(full, path, config.cuts()), base=False)
     _export(ctx, cuts, fp32_evals)
@@ -245,6 +244,7 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     # OpenVINO engine came out 29 % faster than ONNX Runtime's FP32 one, against 1 % on a quiet machine).
     quantize_graphs(ctx, [exits[-1]], calibration.method, config.calibration())
     fp32_evals.wait()
+    exit_logits_via_chain(ctx, _chain(ctx, stages, FP32), [ctx.out / g.file(FP32.file) for g in exits])
     probe = run_probe(ctx, exits[-1], config.probe())
     probe.built = built_precisions(probe, config.precisions)
     kinds = [CPU_ENGINES[p] for p in probe.built]
