@@ -258,7 +258,7 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
         ladder=ladder_dir,
         out=tmp_path,
         deadlines_ms=(20.0,),
-        rates=(40.0,),
+        rates=(160.0,),  # 20 requests: an eighth of a second a cell
         policies=("auto", "auto-unloaded", "front", "baseline"),
         repeats=2,
         requests=20,
@@ -278,9 +278,9 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
     assert {c.repeat for c in result.cells} == {0, 1}
     baseline = next(c for c in result.cells if c.spec.baseline)
     assert baseline.metrics["rung_shares"] and all(r.rung == baseline.spec.rung for r in baseline.records if r.answered)
-    best, value = hindsight(result, 40.0, 20.0, "effective_accuracy_client")
+    best, value = hindsight(result, 160.0, 20.0, "effective_accuracy_client")
     assert best in {s.label for s in fixed} and value == max(
-        stat(result, s.label, 40.0, 20.0, "effective_accuracy_client")[0] for s in fixed
+        stat(result, s.label, 160.0, 20.0, "effective_accuracy_client")[0] for s in fixed
     )
     oracle = result.oracle[0]
     assert oracle.images == 20 and 0 <= oracle.best_rung_accuracy <= oracle.oracle <= 1
