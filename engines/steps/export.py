@@ -63,8 +63,15 @@ def export_graph(
     return path
 
 
+_ADAPTIVE_POOLS = (
+    nn.functional.adaptive_avg_pool2d,
+    nn.functional.adaptive_max_pool2d,
+    nn.functional.adaptive_max_pool2d_with_indices,
+)
+
+
 class _AdaptivePools(TorchFunctionMode):
-    """Notes whether a forward pass pools adaptively to a size that does not divide its input's."""
+    """Notes whether a forward pass pools adaptively (average or max) to a size that does not divide its input's."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -72,8 +79,9 @@ class _AdaptivePools(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func is nn.functional.adaptive_avg_pool2d:
-            self.uneven |= any(i % o for i, o in zip(args[0].shape[-2:], out.shape[-2:], strict=True))
+        if func in _ADAPTIVE_POOLS:
+            pooled = out[0] if isinstance(out, tuple) else out  # max pooling may return its indices too
+            self.uneven |= any(i % o for i, o in zip(args[0].shape[-2:], pooled.shape[-2:], strict=True))
         return out
 
 

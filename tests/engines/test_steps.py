@@ -367,6 +367,8 @@ def test_export_takes_the_torchscript_exporter_unless_a_pool_is_uneven(tmp_path:
     torch computes (export_graph checks it to 1e-4) at any batch size."""
     example = torch.randn(2, 1, 14, 14)
     assert _uneven_adaptive_pool(_Pooled(4).eval(), example) and not _uneven_adaptive_pool(_Pooled(7).eval(), example)
+    assert _uneven_adaptive_pool(torch.nn.AdaptiveMaxPool2d(4, return_indices=True), example)  # max: refused too
+    assert not _uneven_adaptive_pool(torch.nn.AdaptiveMaxPool2d(7), example)
     module = _Pooled(7).eval()
     path = export_graph(module, (1, 14, 14), tmp_path / "pooled.onnx", ["logits"])
     assert "AveragePool" in {node.op_type for node in onnx.load(str(path)).graph.node}  # not dynamo's GatherND
