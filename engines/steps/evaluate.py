@@ -159,7 +159,7 @@ class Background:
             ctx.inputs.split(name)  # loaded once here, not raced for by the workers
         self.ctx = ctx
         self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
-        self._errors: list[BaseException] = []
+        self._errors: list[Exception] = []
         self._threads = [
             threading.Thread(target=self._work, args=(True,), name=f"anytime-eval-{i}", daemon=True)
             for i in range(max(1, workers))
@@ -178,7 +178,7 @@ class Background:
                 return
             try:
                 task()
-            except BaseException as e:  # re-raised by wait() in the build's thread
+            except Exception as e:  # re-raised by wait() in the build's thread (Ctrl-C there stops it at once)
                 self._errors.append(e)
 
     def _submit(self, fn: Callable[..., object], *args: object) -> None:

@@ -4,7 +4,9 @@ search and the step cache."""
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -17,6 +19,7 @@ from engines.manifest import Artifact, LatencyProfile, Probe, Rung
 from engines.steps.cache import StepCache
 from engines.steps.cuts import removal_accuracies, val_accuracy
 from engines.steps.ensembles import dominated_by_estimate, forward_selection
+from engines.steps.evaluate import Background
 from engines.steps.export import _uneven_adaptive_pool, export_graph
 from engines.steps.measure import ProfileConfig, measure_latency, p99_stable
 from engines.steps.probe import built_precisions, decide
@@ -377,3 +380,26 @@ def test_export_takes_the_torchscript_exporter_unless_a_pool_is_uneven(tmp_path:
     with torch.no_grad():
         assert np.allclose(engine.infer(x), module(torch.from_numpy(x)).numpy(), atol=1e-4)
     engine.close()
+
+
+# -- background evaluations --------------------------------------------------------------------------------------
+
+
+def test_the_waiting_thread_takes_queued_evaluations_and_a_task_error_reaches_it() -> None:
+    """Substituted tasks (no engines): while the one worker is held by its task, `wait()` runs the queued ones
+    in the calling thread instead of idling, then re-raises the first error."""
+    ctx = SimpleNamespace(inputs=SimpleNamespace(split=lambda name: None))
+    background = Background(ctx, workers=1)  # type: ignore[arg-type]
+    started, release, ran_in = threading.Event(), threading.Event(), []
+    background._submit(lambda: (started.set(), release.wait(10)))
+    assert started.wait(10)  # the worker holds the first task
+    for _ in range(3):
+        background._submit(lambda: ran_in.append(threading.current_thread().name))
+    background._submit(release.set)
+    background.wait()
+    assert ran_in == [threading.current_thread().name] * 3
+
+    failing = Background(ctx, workers=1)  # type: ignore[arg-type]
+    failing._submit(lambda: (_ for _ in ()).throw(ValueError("bad logits")))
+    with pytest.raises(ValueError, match="bad logits"):
+        failing.wait()
