@@ -86,22 +86,23 @@ def decide(
             out[precision] = (False, f"{ms:.3f} ms at batch 1 is not faster than FP32's {fp32:.3f} ms")
             continue
         acc, acc_int8 = val.get(precision), val.get(Precision.INT8)
+        stderr = accuracy_stderr(acc or 0.0, val_images)
         if not int8_pays:
             out[precision] = (True, f"{ms:.3f} ms at batch 1: faster than FP32 ({fp32:.3f}); INT8 does not pay")
         elif ms < int8:
             out[precision] = (True, f"{ms:.3f} ms at batch 1: faster than FP32 ({fp32:.3f}) and INT8 ({int8:.3f})")
-        elif acc is not None and acc_int8 is not None and acc > acc_int8 + tie_se * accuracy_stderr(acc, val_images):
+        elif acc is not None and acc_int8 is not None and acc > acc_int8 + tie_se * stderr:
             out[precision] = (
                 True,
                 f"faster than FP32 and more accurate than INT8 on val ({acc:.2%} vs {acc_int8:.2%}, "
-                f"more than {tie_se:g} standard error of {accuracy_stderr(acc, val_images):.2%})",
+                f"more than {tie_se:g} standard error of {stderr:.2%})",
             )
         else:
             out[precision] = (
                 False,
                 f"faster than FP32 ({ms:.3f} vs {fp32:.3f} ms) but INT8 dominates it: {int8:.3f} ms and "
                 f"{acc_int8:.2%} on val vs {acc if acc is None else f'{acc:.2%}'} (within {tie_se:g} standard "
-                f"error: {accuracy_stderr(acc or 0.0, val_images):.2%})",
+                f"error: {stderr:.2%})",
             )
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,14 +25,21 @@ class CascadeFit:
 def simulate(exit_logits: list[np.ndarray], thresholds: list[float]) -> tuple[np.ndarray, np.ndarray]:
     """Which exit answers each input and its prediction: the first exit whose entropy <= its threshold."""
     n, k = len(exit_logits[0]), len(exit_logits)
+    exit_at, _ = _stops([entropy(lg) for lg in exit_logits[: len(thresholds)]], thresholds, k, n)
+    preds = np.stack([lg.argmax(1) for lg in exit_logits])[exit_at, np.arange(n)]
+    return exit_at, preds
+
+
+def _stops(ents: list[np.ndarray], thresholds: Sequence[float], k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the exit each of n inputs leaves at, whether it is still undecided) after the first len(thresholds)
+    exits' gates; an input no gate stops leaves at the last exit, k - 1."""
     exit_at = np.full(n, k - 1)
     undecided = np.ones(n, bool)
     for i, t in enumerate(thresholds):
-        stop = undecided & (entropy(exit_logits[i]) <= t)
+        stop = undecided & (ents[i] <= t)
         exit_at[stop] = i
         undecided &= ~stop
-    preds = np.stack([lg.argmax(1) for lg in exit_logits])[exit_at, np.arange(n)]
-    return exit_at, preds
+    return exit_at, undecided
 
 
 def fit_thresholds(
@@ -60,18 +68,13 @@ def fit_thresholds(
     n = len(labels)
     best: tuple[float, float, list[float]] | None = None
     for prefix in itertools.product(*grids[:-1]):
-        exit_at = np.full(n, k - 1)
-        undecided = np.ones(n, bool)
-        for i, t in enumerate(prefix):
-            stop = undecided & (ents[i] <= t)
-            exit_at[stop] = i
-            undecided &= ~stop
+        exit_at, undecided = _stops(ents, prefix, k, n)
         found = _last_threshold(ents[-1], grids[-1], correct, cum_ms, exit_at, undecided, target)
         if found is not None and (best is None or found[0] < best[0] or (found[0] == best[0] and found[1] > best[1])):
             best = (found[0], found[1], [*map(float, prefix), found[2]])
     assert best is not None  # the all-(-1) combination is the last exit itself
     cost, acc, chosen = best
-    exit_at, _ = simulate(exit_logits, chosen)
+    exit_at, _ = _stops(ents, chosen, k, n)
     share = np.bincount(exit_at, minlength=k) / n
     return CascadeFit(chosen, share.tolist(), cost, acc, last_acc)
 
@@ -92,11 +95,11 @@ def _last_threshold(
     sorted by entropy, so every threshold's count of right answers and stops comes from one cumulative sum.
     """
     k, n = len(cum_ms), len(exit_at)
-    decided = ~undecided
+    decided, left = ~undecided, ent[undecided]
     base_hits = int(correct[exit_at[decided], np.flatnonzero(decided)].sum())
     base_ms = float(np.bincount(exit_at[decided], minlength=k) @ cum_ms)
-    order = np.argsort(ent[undecided], kind="stable")
-    sorted_ent = ent[undecided][order]
+    order = np.argsort(left, kind="stable")
+    sorted_ent = left[order]
     gain = correct[k - 2][undecided][order].astype(np.int64) - correct[k - 1][undecided][order]
     stops = np.searchsorted(sorted_ent, grid, side="right")  # undecided inputs that stop at exit k-2
     hits = base_hits + int(correct[k - 1][undecided].sum()) + np.concatenate([[0], np.cumsum(gain)])[stops]
