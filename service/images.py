@@ -39,6 +39,11 @@ class Pending:
     decode: Callable[[], Input]
 
 
+# What PIL raises for a damaged file: OSError (truncated data), ValueError, a decompression bomb, and SyntaxError
+# (PIL's "broken PNG file" for a chunk whose type is not four letters, found by tests/test_properties.py).
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
 def open_bytes(data: bytes, spec: PreprocessSpec) -> Pending:
     """A PNG or JPEG file: the header is read and checked now, the pixels on decode()."""
     plain = open_plain_png(data, spec)
@@ -48,7 +53,7 @@ def open_bytes(data: bytes, spec: PreprocessSpec) -> Pending:
         img = Image.open(io.BytesIO(data), formats=("PNG", "JPEG"))
     except UnidentifiedImageError:
         raise BadImage("cannot decode the image: not a PNG or JPEG file") from None
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
+    except DECODE_ERRORS as e:
         raise BadImage(f"cannot decode the image: {type(e).__name__}") from None
     if img.width * img.height > MAX_PIXELS:
         raise BadImage(f"image of {img.width}x{img.height} pixels is over the limit of {MAX_PIXELS}")
@@ -56,7 +61,7 @@ def open_bytes(data: bytes, spec: PreprocessSpec) -> Pending:
     def decode() -> Input:
         try:
             img.load()
-        except (OSError, ValueError, Image.DecompressionBombError) as e:
+        except DECODE_ERRORS as e:
             raise BadImage(f"cannot decode the image: {type(e).__name__}") from None
         return to_input(img, spec)
 
