@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     shed_after_ms: float = Field(
         2.0, gt=0, description="while the event loop is this far behind, new classify requests are refused 503"
     )
+    shed_per_poll: int = Field(
+        2, ge=1, description="under sustained overload, classify requests admitted per turn of the event loop"
+    )
     shed_min_connections: int = Field(
         16, ge=0, description="no shedding with this many connections open or fewer (they bound what is in flight)"
     )

@@ -11,10 +11,12 @@ uvicorn's httptools protocol as it is.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -81,6 +83,101 @@ class LoopLag:
         return connections > self.min_connections and self.behind_ms(now) > self.budget_s * 1e3
 
 
+class PollCap:
+    """Under sustained overload, at most `per_poll` classify requests admitted per turn of the event loop.
+
+    A turn reads every socket that has data, then runs what it admitted: requests that arrive meanwhile,
+    refusals included, wait unread for the turn to end. Refusing everything while `LoopLag` is over budget
+    is not enough: once the lag's average lapses, the next turn admits every request its reads hold, and
+    that turn is long again. Measured at 2x capacity on 2 vCPUs (exit 1 INT8, 4800 req/s, 5 ms deadline):
+    refusals p99 6.9-7.0 ms on open connections with `LoopLag` alone, 1.2-2.4 ms with two per turn, and
+    more requests answered 200 (7012 and 5476 against 4924 and 4771 in side-by-side runs).
+
+    The cap is on from the moment `LoopLag` says overloaded. It stays on while it refuses at least
+    `EXIT_SHARE` as many requests as it admits, counted over `WINDOW_S` windows: at 70 % of capacity a
+    passing stall of the machine ends it within a window (0 of 5089 requests refused in the run above).
+    """
+
+    WINDOW_S = 0.05
+    EXIT_SHARE = 0.25
+
+    def __init__(self, per_poll: int) -> None:
+        self.per_poll = per_poll
+        self.on = self._armed = False
+        self._used = self._admitted = self._refused = 0
+        self._since = 0.0
+
+    def admit(self, loop: asyncio.AbstractEventLoop, now: float, overloaded: bool) -> bool:
+        """Whether to admit a classify request whose headers were just parsed."""
+        if not self.on:
+            if not overloaded:
+                return True
+            self.on, self._since, self._admitted, self._refused = True, now, 0, 0
+        elif now - self._since > self.WINDOW_S:
+            if self._refused < self.EXIT_SHARE * max(self._admitted, 1):
+                self.on = False
+                return True
+            self._since, self._admitted, self._refused = now, 0, 0
+        if not self._armed:  # runs after this turn's reads: the next turn starts a new count
+            loop.call_soon(self._next_turn)
+            self._armed = True
+        if self._used >= self.per_poll:
+            self._refused += 1
+            return False
+        self._used += 1
+        self._admitted += 1
+        return True
+
+    def _next_turn(self) -> None:
+        self._used, self._armed = 0, False
+
+
+class Backlog:
+    """Takes every connection waiting to be accepted at once, whenever one is.
+
+    libuv, under uvloop, accepts one connection per turn of the event loop (since libuv 1.45, for fairness
+    between processes sharing a socket). Under load a turn takes a millisecond or more, so a burst of new
+    connections waited for as many turns: measured at 2x capacity, 20-47 ms (p50) from the client's connect
+    to the server taking the connection, while requests on open connections were refused in about 1 ms.
+    On each connection libuv accepts, this accepts the rest from a duplicate of the listening socket and hands
+    them to the loop as uvicorn's own would be.
+    """
+
+    def __init__(self) -> None:
+        self.listeners: list[socket.socket] = []
+        self.factory: Callable[[], asyncio.Protocol] | None = None
+
+    def open(self, fds: list[int], factory: Callable[[], asyncio.Protocol]) -> None:
+        for fd in fds:
+            listener = socket.socket(fileno=os.dup(fd))
+            listener.setblocking(False)
+            self.listeners.append(listener)
+        self.factory = factory
+
+    def take(self, loop: asyncio.AbstractEventLoop) -> None:
+        for listener in self.listeners:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:  # none waiting (BlockingIOError); out of files and the like: libuv's to handle
+                    break
+                if conn.family in (socket.AF_INET, socket.AF_INET6):
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                loop.create_task(self._connect(loop, conn))
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+        assert self.factory is not None
+        try:
+            await loop.connect_accepted_socket(self.factory, conn)
+        except OSError:  # the client left before the transport was set up
+            conn.close()
+
+    def close(self) -> None:
+        for listener in self.listeners:
+            listener.close()
+        self.listeners.clear()
+
+
 class _Refused:
     """Stands in for uvicorn's request cycle once the parser has answered: the rest of the request is ignored."""
 
@@ -99,7 +196,9 @@ def _answer(error: ApiError, rid: str) -> bytes:
     return (head + "\r\n").encode() + body
 
 
-def protocol_class(max_connections: int, lag: LoopLag, runtime: Runtime) -> type[asyncio.Protocol]:
+def protocol_class(
+    max_connections: int, lag: LoopLag, cap: PollCap, runtime: Runtime, backlog: Backlog
+) -> type[asyncio.Protocol]:
     metrics = runtime.metrics
 
     class Protocol(HttpToolsProtocol):
@@ -129,9 +228,9 @@ def protocol_class(max_connections: int, lag: LoopLag, runtime: Runtime) -> type
 
         def _admit(self, batch: bool, query: bytes, received: float) -> Admitted:
             now = time.monotonic()
-            if lag.overloaded(now, len(self.connections)):
-                behind = lag.behind_ms(now)
-                raise Overloaded(f"the server is {behind:.1f} ms behind; retry shortly", headers={"Retry-After": "1"})
+            connections = len(self.connections)
+            if connections > lag.min_connections and not cap.admit(self.loop, now, lag.overloaded(now, connections)):
+                raise Overloaded("the server is over capacity; retry shortly", headers={"Retry-After": "1"})
             return admit(runtime, {"headers": self.headers, "query_string": query}, batch, received)
 
         def _answer_now(self, error: ApiError) -> None:
@@ -145,6 +244,7 @@ def protocol_class(max_connections: int, lag: LoopLag, runtime: Runtime) -> type
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            backlog.take(self.loop)
             if len(self.connections) > max_connections:
                 # Every request on this connection sees the flag in scope["state"]; the app answers it
                 # 503 too_many_connections with `connection: close` (service/app.py).
@@ -159,18 +259,33 @@ def protocol_class(max_connections: int, lag: LoopLag, runtime: Runtime) -> type
 class Server(uvicorn.Server):
     """On SIGTERM: refuse new work (503 shutting_down), let admitted work finish, then stop."""
 
-    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+    def __init__(self, config: uvicorn.Config, runtime: Runtime, backlog: Backlog) -> None:
         super().__init__(config)
-        self.runtime = runtime
+        self.runtime, self.backlog = runtime, backlog
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started:
+            return
+        loop = asyncio.get_running_loop()
+
+        def factory() -> asyncio.Protocol:  # as uvicorn's startup makes them
+            return self.config.http_protocol_class(  # type: ignore[call-arg]
+                config=self.config, server_state=self.server_state, app_state=self.lifespan.state, _loop=loop
+            )
+
+        self.backlog.open([s.fileno() for server in self.servers for s in server.sockets or ()], factory)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.backlog.close()
         self.runtime.scheduler.drain()
         await super().shutdown(sockets)
 
 
-def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+def uvicorn_config(app: FastAPI, settings: Settings, backlog: Backlog) -> uvicorn.Config:
     lag = LoopLag(settings.shed_after_ms, settings.shed_min_connections)
-    protocol = protocol_class(settings.max_connections, lag, app.state.runtime)
+    cap = PollCap(settings.shed_per_poll)
+    protocol = protocol_class(settings.max_connections, lag, cap, app.state.runtime, backlog)
     # The access log is service/app.py's (it names the request id); uvicorn's own is off.
     flags = {**UVICORN_FLAGS, "http": protocol, "access_log": False, "log_config": log_config(settings.log_format)}
     return uvicorn.Config(
@@ -194,4 +309,5 @@ def serve(app: FastAPI, settings: Settings) -> None:
     # while busy, so with Python's default of 5 ms the worker could lose a whole deadline waiting to hand
     # back a finished batch.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    Server(uvicorn_config(app, settings), app.state.runtime).run()
+    backlog = Backlog()
+    Server(uvicorn_config(app, settings, backlog), app.state.runtime, backlog).run()

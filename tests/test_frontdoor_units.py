@@ -1,8 +1,12 @@
-"""The front door's load-shedding rule, without a server."""
+"""The front door's load-shedding rules and its accept-all backlog, without a server."""
 
 from __future__ import annotations
 
-from service.server import LoopLag
+import asyncio
+import socket
+from collections.abc import Callable
+
+from service.server import Backlog, LoopLag, PollCap
 
 
 def test_shedding_needs_a_lagging_loop_and_more_connections_than_clients_that_wait() -> None:
@@ -18,3 +22,70 @@ def test_shedding_needs_a_lagging_loop_and_more_connections_than_clients_that_wa
     quiet = LoopLag(budget_ms=2.0, min_connections=16)
     quiet.entered(now - 1e-4, now)
     assert not quiet.overloaded(now, connections=500)  # not behind
+
+
+class _Turns:
+    """Stands in for the event loop's call_soon: what it schedules runs when the test ends the turn."""
+
+    def __init__(self) -> None:
+        self.soon: list[Callable[[], None]] = []
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)
+
+    def end_turn(self) -> None:
+        soon, self.soon = self.soon, []
+        for callback in soon:
+            callback()
+
+
+def test_poll_cap_admits_all_until_overloaded_then_two_a_turn_until_demand_falls() -> None:
+    loop, cap, now = _Turns(), PollCap(per_poll=2), 100.0
+    assert all(cap.admit(loop, now, overloaded=False) for _ in range(10))  # no cap without overload
+    assert not cap.on and not loop.soon
+    admitted = [cap.admit(loop, now, overloaded=True) for _ in range(5)]
+    assert admitted == [True, True, False, False, False]  # overloaded: two of this turn's reads
+    assert cap.on
+    loop.end_turn()
+    # the lag's average has lapsed, but demand has not: the cap stays on, two a turn
+    assert [cap.admit(loop, now + 0.01, overloaded=False) for _ in range(4)] == [True, True, False, False]
+    loop.end_turn()
+    now += PollCap.WINDOW_S + 0.001  # a window with 4 admitted and 5 refused: still over demand
+    assert [cap.admit(loop, now, overloaded=False) for _ in range(3)] == [True, True, False]
+    loop.end_turn()
+    for turn in range(4):  # demand falls to one a turn: nothing refused
+        assert cap.admit(loop, now + turn * 0.001, overloaded=False)
+        loop.end_turn()
+    assert cap.on
+    assert all(cap.admit(loop, now + PollCap.WINDOW_S + 0.01, overloaded=False) for _ in range(5))
+    assert not cap.on  # the window refused less than a quarter of what it admitted: the cap is off
+
+
+def test_backlog_accepts_every_waiting_connection_at_once() -> None:
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        made: list[asyncio.Transport] = []
+
+        class Recorder(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                made.append(transport)  # type: ignore[arg-type]
+
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        backlog = Backlog()
+        backlog.open([listener.fileno()], Recorder)
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(5)]
+        backlog.take(loop)  # one call: all five, where libuv takes one per turn
+        for _ in range(20):
+            if len(made) == 5:
+                break
+            await asyncio.sleep(0.01)
+        backlog.close()
+        listener.close()
+        for c in clients:
+            c.close()
+        for t in made:
+            t.close()
+        return len(made)
+
+    assert asyncio.run(scenario()) == 5
