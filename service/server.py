@@ -89,9 +89,10 @@ class PollCap:
     A turn reads every socket that has data, then runs what it admitted: requests that arrive meanwhile,
     refusals included, wait unread for the turn to end. Refusing everything while `LoopLag` is over budget
     is not enough: once the lag's average lapses, the next turn admits every request its reads hold, and
-    that turn is long again. Measured at 2x capacity on 2 vCPUs (exit 1 INT8, 4800 req/s, 5 ms deadline):
-    refusals p99 6.9-7.0 ms on open connections with `LoopLag` alone, 1.2-2.4 ms with two per turn, and
-    more requests answered 200 (7012 and 5476 against 4924 and 4771 in side-by-side runs).
+    that turn is long again. Measured at 4800 req/s, twice the keep-up capacity, on 2 vCPUs (exit 1 INT8,
+    5 ms deadline, 3 s runs minutes apart, 2026-11-25): on connections the client had open, refusals' p99
+    was 6.6-6.7 ms with `LoopLag` alone and 1.1-1.6 ms in eight runs with two per turn, which also answered
+    more requests 200 (6572-7095 of about 14,400 against 4771 and 4924).
 
     The cap is on from the moment `LoopLag` says overloaded. It stays on while it refuses at least
     `EXIT_SHARE` as many requests as it admits, counted over `WINDOW_S` windows: at 70 % of capacity a
