@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import io
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+
+from PIL import Image
 
 from engines.base import Engine
 from engines.ensemble import StackerKind, StackerSession, member_features, soft_vote
@@ -19,9 +22,11 @@ from models.preprocess import PreprocessSpec
 from service.auth import ApiKey
 from service.caution import Caution
 from service.config import Settings
+from service.errors import ApiError
+from service.images import open_bytes
 from service.load import Budget
 from service.metrics import Metrics
-from service.planner import Combiner, Planner, Policy
+from service.planner import Combiner, OnInfeasible, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Scheduler
 from service.timing import PathTime
@@ -111,6 +116,7 @@ class Runtime:
                 self._open(name)
             for cascade in self.ladder.member_cascades:
                 self.combiners[cascade.name] = [self._combiner(cascade, j) for j in range(2, len(cascade.members) + 1)]
+            self._warm_request_path()
             # Everything loaded so far lives as long as the server: out of the collector's sight, a collection
             # scans only what requests allocate (a full one over the loaded modules took milliseconds).
             gc.collect()
@@ -121,6 +127,20 @@ class Runtime:
         except Exception as e:
             self.failed = f"{type(e).__name__}: {e}"
             log.exception("loading the ladder failed")
+
+    def _warm_request_path(self) -> None:
+        """Decode a PNG and a JPEG and plan once per policy, so that the first requests do not pay for first
+        calls (measured on a fresh server before this: the first request's decode 1.05 ms and plan 0.28 ms,
+        0.06 and 0.05 ms by the tenth)."""
+        for fmt in ("PNG", "JPEG"):
+            buf = io.BytesIO()
+            Image.new("L", (28, 28), 128).save(buf, fmt)
+            open_bytes(buf.getvalue(), self.spec).decode()
+        for policy in (Policy.AUTO, Policy.STATIC, Policy.CASCADE):
+            try:
+                self.planner.plan(policy, 1000.0, 0.0, OnInfeasible.REJECT)
+            except ApiError:  # a ladder with no option for this policy
+                pass
 
     def _open(self, name: str) -> None:
         engine = open_record(Path(self.settings.ladder), self.ladder, self.records[name], self.threads)

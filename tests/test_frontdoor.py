@@ -547,7 +547,13 @@ def test_healthz_turns_503_when_the_worker_died_and_readyz_keeps_details_in_the_
 def test_plans_allow_for_the_path_after_planning(ladder_dir: Path) -> None:
     """A deadline only the engine fits is refused up front (503), not computed and answered late (504): the
     plan allows for the median time requests spend after their plan outside the engines (decode, hand-offs)."""
-    path = PathTime(window=8, every=4, horizon_s=0.05)
+    cold = PathTime()
+    cold.observe(1.5)  # the first answer after start-up, slow: alone it refuses nothing
+    assert cold.ms == 0.0
+    for _ in range(7):
+        cold.observe(0.3)
+    assert cold.ms == pytest.approx(0.3)  # eight answers: the median counts
+    path = PathTime(window=8, every=4, horizon_s=0.05, min_samples=1)
     for ms in (0.2, 0.3, 5.0, 0.3):  # one stall does not move the median
         path.observe(ms)
     assert path.ms == pytest.approx(0.3)

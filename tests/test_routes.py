@@ -41,7 +41,7 @@ from service.routes import classify
 from service.runtime import Runtime
 from service.scheduler import Job
 from service.schemas import ClassifyOptions
-from service.timing import PHASES
+from service.timing import PHASES, PathTime
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -314,6 +314,7 @@ def test_server_timing_phases_add_up_to_the_time_in_the_app(
 
     monkeypatch.setattr(runtime.scheduler, "check_room", slow_check_room)
     monkeypatch.setattr(classify._Waiter, "job_done", slow_job_done)
+    monkeypatch.setitem(runtime.paths, "route", PathTime(min_samples=1))  # this one request's path counts
     body = _json(image=_image(3).tolist(), deadline_ms=5000, policy="fixed", rung=EXIT3)
     reply = call(queued_app, "/v1/classify", body)
     assert reply.status == 200 and held.threads == ["anytime-worker"]
