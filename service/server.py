@@ -95,8 +95,10 @@ class PollCap:
     more requests 200 (6572-7095 of about 14,400 against 4771 and 4924).
 
     The cap is on from the moment `LoopLag` says overloaded. It stays on while it refuses at least
-    `EXIT_SHARE` as many requests as it admits, counted over `WINDOW_S` windows: at 70 % of capacity a
-    passing stall of the machine ends it within a window (0 of 5089 requests refused in the run above).
+    `EXIT_SHARE` as many requests as it admits, counted over `WINDOW_S` windows, so that at 70 % of capacity a
+    passing stall of the machine ends it within a window. Measured at 1610-1700 req/s in 3 s runs: 0-122 requests
+    of about 5000 refused 503 overloaded in eight runs and 476 in a ninth, against 0-69 in five runs without
+    the cap; `bench.frontdoor` kept 99.0-99.9 % on time at 5 ms at 70 % of capacity in three runs.
     """
 
     WINDOW_S = 0.05
