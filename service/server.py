@@ -115,12 +115,13 @@ class PollCap:
         if not self.on:
             if not overloaded:
                 return True
-            self.on, self._since, self._admitted, self._refused = True, now, 0, 0
+            self.on = True
+            self._new_window(now)
         elif now - self._since > self.WINDOW_S:
             if self._refused < self.EXIT_SHARE * max(self._admitted, 1):
                 self.on = False
                 return True
-            self._since, self._admitted, self._refused = now, 0, 0
+            self._new_window(now)
         if not self._armed:  # runs after this turn's reads: the next turn starts a new count
             loop.call_soon(self._next_turn)
             self._armed = True
@@ -130,6 +131,9 @@ class PollCap:
         self._used += 1
         self._admitted += 1
         return True
+
+    def _new_window(self, now: float) -> None:
+        self._since, self._admitted, self._refused = now, 0, 0
 
     def _next_turn(self) -> None:
         self._used, self._armed = 0, False
