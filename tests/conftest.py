@@ -3,9 +3,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 
 from engines.manifest import Ladder, Rung, load_ladder
@@ -110,6 +112,13 @@ def ladder_dir(tiny_ladder_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def ladder(ladder_dir: Path) -> Ladder:
     return load_ladder(ladder_dir)
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> Iterator[httpx.Client]:
+    """A client of the `server` fixture that a module running a real server defines."""
+    with httpx.Client(base_url=server, timeout=30) as c:
+        yield c
 
 
 def last_exit(ladder: Ladder, precision: str = "fp32") -> Rung:

@@ -69,12 +69,6 @@ def server(ladder_dir: Path, server_log: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def client(server: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def images(fmnist: FashionMNIST) -> np.ndarray:
     return fmnist.split("test").images[:8]
 

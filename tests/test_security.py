@@ -46,12 +46,6 @@ def server(ladder_dir: Path, server_log: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def client(server: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def png(fmnist: FashionMNIST) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(fmnist.split("test").images[0]).save(buf, "PNG")

@@ -43,12 +43,6 @@ def server(ladder_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def client(server: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def test_images(fmnist: FashionMNIST) -> tuple[np.ndarray, np.ndarray]:
     split = fmnist.split("test").head(400)
     return split.images, split.labels
