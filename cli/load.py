@@ -77,8 +77,8 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
         default=",".join(SWEEP["policies"]),
         help="auto, static, cascade; front: every served option as fixed; fixed-fast: the rung with the lowest "
         "p99 at batch 1; fixed-best: the highest val accuracy; auto-bare / auto-unloaded: auto without caution / "
-        "without the load budget, on a second server (side by side); baseline: the plain server of "
-        "loadtest/baseline.py (default: %(default)s)",
+        "without the load budget, on a second server (side by side); fixed:NAME: the ladder's option NAME; "
+        "baseline: the plain server of loadtest/baseline.py (default: %(default)s)",
     )
     _add_load_options(p, SWEEP)
     p.add_argument("--capacity", action="store_true", help="also search each policy's capacity (MLPerf Server)")
@@ -143,12 +143,18 @@ def run_loadtest(args: argparse.Namespace) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> None:
+    from engines.manifest import load_ladder
+    from loadtest.sweep import policy_specs, save_sweep
     from loadtest.sweep import run_sweep as sweep
-    from loadtest.sweep import save_sweep
     from models.data import open_source
 
     if not (args.ladder / "ladder.json").is_file():
         raise UsageError(f"no ladder.json in {args.ladder}: build one with `anytime build --out {args.ladder}`")
+    policies = tuple(p.strip() for p in args.policies.split(","))
+    try:
+        policy_specs(load_ladder(args.ladder), policies)  # a bad name is refused before any server starts
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     config = SweepConfig(
         ladder=args.ladder,
         out=args.out,
@@ -156,7 +162,7 @@ def run_sweep(args: argparse.Namespace) -> None:
         rates=args.rates,
         load=args.load,
         repeats=args.repeats,
-        policies=tuple(p.strip() for p in args.policies.split(",")),
+        policies=policies,
         requests=args.requests,
         duration_s=args.duration,
         on_infeasible=args.on_infeasible,

@@ -45,12 +45,13 @@ def stat(result: SweepResult, label: str, rate: float, deadline: float, key: str
 
 
 def hindsight(result: SweepResult, rate: float, deadline: float, key: str) -> tuple[str | None, float]:
-    """The best fixed plan in hindsight: the `fixed:` column with the highest mean in this cell."""
-    fixed = [s.label for s in result.specs if s.label.startswith("fixed:")]
+    """The best fixed plan in hindsight: of the columns that fix one plan (`fixed:NAME`, `fixed-fast`,
+    `fixed-best`), the one with the highest mean in this cell. Returns its plan's name and that mean."""
+    fixed = [s for s in result.specs if s.policy == "fixed"]
     if not fixed:
         return None, 0.0
-    best = max(fixed, key=lambda label: stat(result, label, rate, deadline, key)[0])
-    return best, stat(result, best, rate, deadline, key)[0]
+    best = max(fixed, key=lambda spec: stat(result, spec.label, rate, deadline, key)[0])
+    return best.rung, stat(result, best.label, rate, deadline, key)[0]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -76,7 +77,7 @@ def _grid(result: SweepResult, key: str, with_oracle: bool) -> list[str]:
         for d in result.config.deadlines_ms:
             row = [f"{rate:g}", f"{d:g}"] + [_spread(*stat(result, lab, rate, d, key), reps) for lab in labels]
             best, best_value = hindsight(result, rate, d, key)
-            row.append(f"{_pct(best_value)} ({best.removeprefix('fixed:') if best else '–'})")
+            row.append(f"{_pct(best_value)} ({best or '–'})")
             if with_oracle:
                 row.append(_pct(oracle[d]))
             if "auto" in labels:
@@ -191,7 +192,8 @@ def _method(result: SweepResult) -> list[str]:
         f"Each cell: open-loop Poisson arrivals at the stated rate (exponential gaps, seed {c.seed}), at most "
         f"{c.requests} requests or {c.duration_s:g} s of sending, whichever comes first; one deadline per cell; "
         f"on_infeasible={c.on_infeasible}; client timeout {c.timeout_s:g} s. Requests are Fashion-MNIST test "
-        "images in a seeded order (every cell sends the same images), PNG-encoded before the run, sent by one "
+        f"images in a seeded order: repeat k draws seed {c.seed} + k for its arrivals and its images, so every cell "
+        "of one repeat sends the same images and each repeat other ones; PNG-encoded before the run, sent by one "
         "asyncio client over a pre-warmed pool of keep-alive connections (`loadtest/http.py`); every answer is "
         "scored against its label. One server process serves all cells in turn, so its online latency estimates "
         "carry over between cells.",
@@ -222,8 +224,9 @@ def write_report(result: SweepResult) -> Path:
     lines += [
         "The union bound: for each image sent, whether any served plan (a rung or ensemble no other dominates, or a "
         "member cascade at some depth) whose measured p99 at batch 1 fits the deadline classifies it correctly, "
-        f"from offline predictions on the {result.oracle[0].images} test images every cell draws from (a cell "
-        "stopped by its duration sends a prefix of them). It ignores HTTP, decoding and queueing: no policy "
+        f"from offline predictions on the {result.oracle[0].images} test images the repeats draw from, each "
+        "repeat's own weighing the same (a cell stopped by its duration sends a prefix of its repeat's). It ignores "
+        "HTTP, decoding and queueing: no policy "
         "reaches it; it is reported for scale.",
         "",
         *_oracle(result),

@@ -65,11 +65,18 @@ def served_plans(ladder: Ladder) -> list[str]:
     return [r.name for r in _candidates(ladder)] + [c.name for c in ladder.cascades] + members
 
 
+def _plan_names(ladder: Ladder) -> set[str]:
+    """Every option a `fixed` request may name: rungs, ensembles, stage and member cascades."""
+    groups = (ladder.rungs, ladder.ensembles, ladder.cascades, ladder.member_cascades)
+    return {option.name for group in groups for option in group}
+
+
 def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     """auto, static, cascade; front: a fixed column per served option; fixed-fast: the non-dominated rung with
-    the lowest p99 at batch 1; fixed-best: the highest val accuracy; auto-bare and auto-unloaded: auto on a second
-    Anytime server without caution or without the load budget (SECOND_SERVERS), for a side-by-side comparison;
-    baseline: loadtest/baseline.py."""
+    the lowest p99 at batch 1; fixed-best: the highest val accuracy; fixed:NAME: the ladder's option NAME (a rung,
+    ensemble or cascade; a dominated rung is loaded when first asked for); auto-bare and auto-unloaded: auto on a
+    second Anytime server without caution or without the load budget (SECOND_SERVERS), for a side-by-side
+    comparison; baseline: loadtest/baseline.py. An unknown name raises ValueError."""
     specs = []
     for name in names:
         if name in ("auto", "cascade", "static"):
@@ -86,8 +93,14 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
             specs.append(PolicySpec(name, "baseline", baseline_rung(ladder.model_dump(mode="json")), server="baseline"))
         elif name in SECOND_SERVERS:
             specs.append(PolicySpec(name, "auto", server=name))
+        elif name.startswith("fixed:"):
+            plan = name.removeprefix("fixed:")
+            if plan not in _plan_names(ladder):
+                raise ValueError(f"{name!r}: the ladder has no option {plan!r}; see GET /v1/ladder or ladder.json")
+            specs.append(PolicySpec(name, "fixed", plan))
         else:
-            raise ValueError(f"unknown sweep policy {name!r}; choose from {', '.join(POLICY_NAMES + OTHER_POLICIES)}")
+            choices = ", ".join((*POLICY_NAMES, *OTHER_POLICIES, "fixed:NAME"))
+            raise ValueError(f"unknown sweep policy {name!r}; choose from {choices}")
     return specs
 
 
@@ -275,7 +288,8 @@ def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
     t0 = time.perf_counter()
     ladder = load_ladder(config.ladder)
     specs = policy_specs(ladder, config.policies)
-    images = image_order(len(split), config.seed)[: min(config.requests, len(split))]
+    per_repeat = min(config.requests, len(split))  # each repeat sends its own seeded order (_Runner.run)
+    images = np.concatenate([image_order(len(split), config.seed + k)[:per_repeat] for k in range(config.repeats)])
     oracle = oracle_bound(plan_answers(config.ladder, ladder, split, images), config.deadlines_ms)
     cells: list[Cell] = []
     capacity: list[Capacity] = []

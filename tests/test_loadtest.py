@@ -11,13 +11,22 @@ import numpy as np
 import pytest
 
 from cli.main import main
+from engines.manifest import load_ladder
 from loadtest.client import check_target
 from loadtest.harness import png_base64, running_server
 from loadtest.http import ConnectionPool
 from loadtest.report import hindsight, stat
 from loadtest.schedule import DeadlineMix, image_order, make_workload, poisson_offsets
 from loadtest.summary import Record, read_records, summarize
-from loadtest.sweep import SweepConfig, capacity_passes, find_capacity, run_sweep, save_sweep, served_plans
+from loadtest.sweep import (
+    SweepConfig,
+    capacity_passes,
+    find_capacity,
+    policy_specs,
+    run_sweep,
+    save_sweep,
+    served_plans,
+)
 from models.data import FashionMNIST
 
 
@@ -279,11 +288,11 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
     baseline = next(c for c in result.cells if c.spec.baseline)
     assert baseline.metrics["rung_shares"] and all(r.rung == baseline.spec.rung for r in baseline.records if r.answered)
     best, value = hindsight(result, 160.0, 20.0, "effective_accuracy_client")
-    assert best in {s.label for s in fixed} and value == max(
+    assert best in {s.rung for s in fixed} and value == max(
         stat(result, s.label, 160.0, 20.0, "effective_accuracy_client")[0] for s in fixed
     )
     oracle = result.oracle[0]
-    assert oracle.images == 20 and 0 <= oracle.best_rung_accuracy <= oracle.oracle <= 1
+    assert oracle.images == 2 * 20 and 0 <= oracle.best_rung_accuracy <= oracle.oracle <= 1
     assert len(list((tmp_path / "records").glob("*.jsonl"))) == len(result.cells)
 
 
@@ -334,3 +343,17 @@ def test_frontdoor_refusal_p99_can_leave_out_requests_that_opened_a_connection()
     assert trial.refusal_p99() == pytest.approx(1.0 + 0.01 * 39.0)  # numpy's linear interpolation at the 99th
     assert trial.refusal_p99(reused_only=True) == 1.0
     assert trial.new_connections() == 2
+
+
+def test_sweep_policies_name_a_fixed_option_or_are_refused_before_any_server_starts(
+    ladder_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ladder = load_ladder(ladder_dir)
+    rung = ladder.rungs[0].name
+    (spec,) = policy_specs(ladder, (f"fixed:{rung}",))
+    assert (spec.label, spec.policy, spec.rung) == (f"fixed:{rung}", "fixed", rung)
+    for bad, reason in (("fixed:no-such-rung", "no option 'no-such-rung'"), ("fastest", "unknown sweep policy")):
+        out = ladder_dir.parent / "sweep-never-written"
+        assert main(["sweep", "--ladder", str(ladder_dir), "--policies", f"auto,{bad}", "--out", str(out)]) == 2
+        assert reason in capsys.readouterr().err
+        assert not out.exists()
