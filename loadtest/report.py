@@ -93,6 +93,36 @@ def _grid(result: SweepResult, key: str, with_oracle: bool) -> list[str]:
     return _table(header, rows)
 
 
+HINDSIGHT_MARGIN_PP = 0.5  # the planner issue's target: auto >= the best fixed plan in hindsight minus this
+
+
+def targets(result: SweepResult, key: str) -> list[str]:
+    """auto against its targets, counted over the cells: at least the best fixed plan in hindsight minus
+    HINDSIGHT_MARGIN_PP, and at least the plain baseline. Each miss is listed with its gap and the spread (max - min)
+    of auto's repeats, so that a miss inside the noise can be told from one outside it."""
+    labels = {s.label for s in result.specs}
+    if "auto" not in labels:
+        return []
+    cells = [(rate, d) for rate in result.config.rates for d in result.config.deadlines_ms]
+    lines = []
+    references = (
+        [("best fixed in hindsight", HINDSIGHT_MARGIN_PP)] if any(s.policy == "fixed" for s in result.specs) else []
+    )
+    references += [("baseline", 0.0)] if "baseline" in labels else []
+    for name, margin in references:
+        misses = []
+        for rate, d in cells:
+            mean, lo, hi = stat(result, "auto", rate, d, key)
+            ref = hindsight(result, rate, d, key)[1] if name != "baseline" else stat(result, name, rate, d, key)[0]
+            gap = (mean - ref) * 100
+            if gap < -margin:
+                misses.append(f"{rate:g} req/s, {d:g} ms: {gap:+.1f} pp (auto's spread {(hi - lo) * 100:.1f} pp)")
+        rule = f"auto >= {name}" + (f" - {margin:g} pp" if margin else "")
+        lines.append(f"- {rule}: {len(cells) - len(misses)} of {len(cells)} cells" + (". Misses:" if misses else "."))
+        lines += [f"  - {m}" for m in misses]
+    return lines
+
+
 def _fixed_grid(result: SweepResult, key: str) -> list[str]:
     """Every fixed column's mean, one row per (rate, deadline)."""
     labels = [s.label for s in result.specs if s.label.startswith("fixed:")]
@@ -215,6 +245,8 @@ def write_report(result: SweepResult) -> Path:
         f"Mean over {result.config.repeats} repeats of every cell (min–max in brackets: the noise).",
         "",
         *_grid(result, "effective_accuracy_client", True),
+        "",
+        *targets(result, "effective_accuracy_client"),
         "",
         "Every served option, fixed:",
         "",

@@ -279,6 +279,12 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
     for name in ("effective_accuracy.png", "attainment_vs_rate.png", "latency_cdf.png", "rung_exit_mix.png"):
         assert (tmp_path / name).stat().st_size > 1000 and f"]({name})" in report
     assert "union bound" in report and "best fixed in hindsight" in report and "Machine:" in report
+    gap = (
+        stat(result, "auto", 160.0, 20.0, "effective_accuracy_client")[0]
+        - hindsight(result, 160.0, 20.0, "effective_accuracy_client")[1]
+    ) * 100
+    met = "1 of 1 cells." if gap >= -0.5 else "0 of 1 cells. Misses:"
+    assert f"- auto >= best fixed in hindsight - 0.5 pp: {met}" in report and "- auto >= baseline: " in report
     fixed = [s for s in result.specs if s.label.startswith("fixed:")]
     assert fixed and {s.rung for s in fixed} == set(served_plans(result.ladder))
     assert len(result.cells) == 2 * (3 + len(fixed)) and all(c.metrics["sent"] > 0 for c in result.cells)
