@@ -4,8 +4,9 @@ noise, with two hindsight references and an MLPerf-Server-style capacity search;
 
 Policies: `auto` (the server's default), `static`, `cascade`, every served option as `fixed` (`front`), and
 the plain baseline server. The references, computed afterwards: the best fixed plan in hindsight (per cell,
-the one `fixed:` column that scored best there) and the union bound (offline: an image counts if any served
-plan whose measured batch-1 p99 fits the deadline classifies it correctly; an upper bound no policy reaches).
+the one fixed column, `fixed:NAME`, `fixed-fast` or `fixed-best`, that scored best there) and the union bound
+(offline, on the images of every repeat: an image counts if any served plan whose measured batch-1 p99 fits the
+deadline classifies it correctly; an upper bound no policy reaches).
 """
 
 from __future__ import annotations
