@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,18 +104,20 @@ def targets(result: SweepResult, key: str) -> list[str]:
     labels = {s.label for s in result.specs}
     if "auto" not in labels:
         return []
+    references: list[tuple[str, float, Callable[[float, float], float]]] = []  # (name, margin in pp, value in a cell)
+    if any(s.policy == "fixed" for s in result.specs):
+        references.append(
+            ("best fixed in hindsight", HINDSIGHT_MARGIN_PP, lambda r, d: hindsight(result, r, d, key)[1])
+        )
+    if "baseline" in labels:
+        references.append(("baseline", 0.0, lambda r, d: stat(result, "baseline", r, d, key)[0]))
     cells = [(rate, d) for rate in result.config.rates for d in result.config.deadlines_ms]
     lines = []
-    references = (
-        [("best fixed in hindsight", HINDSIGHT_MARGIN_PP)] if any(s.policy == "fixed" for s in result.specs) else []
-    )
-    references += [("baseline", 0.0)] if "baseline" in labels else []
-    for name, margin in references:
+    for name, margin, reference in references:
         misses = []
         for rate, d in cells:
             mean, lo, hi = stat(result, "auto", rate, d, key)
-            ref = hindsight(result, rate, d, key)[1] if name != "baseline" else stat(result, name, rate, d, key)[0]
-            gap = (mean - ref) * 100
+            gap = (mean - reference(rate, d)) * 100
             if gap < -margin:
                 misses.append(f"{rate:g} req/s, {d:g} ms: {gap:+.1f} pp (auto's spread {(hi - lo) * 100:.1f} pp)")
         rule = f"auto >= {name}" + (f" - {margin:g} pp" if margin else "")
