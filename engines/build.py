@@ -96,6 +96,9 @@ class BuildConfig:
     data: str = "fashion-mnist"
     progress: bool = True
     members: tuple[Path, ...] = DEFAULT_MEMBERS  # single-exit checkpoints for ensembles; () builds none
+    # Each member's mirror view (the member on the image flipped left to right) joins as a member too. For tasks
+    # whose labels survive a left-right flip, as `anytime train`'s augmentation assumes; off where they do not.
+    mirror_views: bool = True
     int8_max_drop_pp: float = 1.0  # a member whose INT8 rung loses more val accuracy joins ensembles in FP32
     stacker_seed: int = 0
     precisions: tuple[Precision, ...] | None = None  # None: FP32 and what the probe says pays here
@@ -105,7 +108,7 @@ class BuildConfig:
     stackers: tuple[StackerKind, ...] = tuple(StackerKind)  # ensemble stackers: chosen among these by CV on val
     # Member cascades (engines/steps/member_cascades.py): answers may differ from running every member on at
     # most this % of val; up to this many members; of the front, the cheapest of each group of val accuracies
-    # within member_tie_se standard errors, up to member_cascades_kept.
+    # within member_tie_se paired standard errors, up to member_cascades_kept.
     member_bound_pp: float = 0.1
     max_members: int = 3
     member_cascades_kept: int = 5
@@ -162,7 +165,7 @@ def open_context(checkpoint: Path, out: Path, config: BuildConfig) -> BuildConte
     return BuildContext(
         out=out,
         cache=StepCache(out),
-        inputs=load_inputs(Path(checkpoint), config.data, tuple(config.members)),
+        inputs=load_inputs(Path(checkpoint), config.data, tuple(config.members), config.mirror_views),
         data=config.data,
         threads=config.threads,
         eval_threads=config.eval_threads,
@@ -405,7 +408,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         "--member-tie-se",
         type=float,
         default=BuildConfig.member_tie_se,
-        help="member cascades: val accuracies within this many standard errors count as equal and only the "
+        help="member cascades: val accuracies within this many paired standard errors count as equal and only the "
         "cheapest is kept, as auto chooses (0: the most accurate; default: %(default)s)",
     )
     p.add_argument(
@@ -414,6 +417,13 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         nargs="*",
         help="single-exit checkpoints to build as ensemble members (default: the committed DenseNet, "
         "MobileNetV2 and VGG; none: no ensembles)",
+    )
+    p.add_argument(
+        "--no-mirror-views",
+        dest="mirror_views",
+        action="store_false",
+        help="do not add each member's mirror view (the member run on the image flipped left to right) as a "
+        "member: for tasks where a flipped image has another label, e.g. digits or text",
     )
     precisions = p.add_mutually_exclusive_group()
     precisions.add_argument(
@@ -458,6 +468,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         data=args.data,
         progress=not args.quiet,
         members=members,
+        mirror_views=args.mirror_views,
         precisions=precisions,
         workers=args.workers,
         backend=backend,

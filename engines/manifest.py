@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import math
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engines.base import ArtifactError, Backend, Precision, verify_artifact
@@ -78,9 +80,12 @@ class Rung(EngineRecord):
     kind: Literal["exit", "cut", "member"]
     exit: int
     model: str | None = None  # a member's registered model name (exits and cuts are the ladder's `model`)
+    mirror: bool = False  # a member's mirror view: the member run on the image flipped left to right
     cut: list[str] = Field(default_factory=list)
     val_accuracy: float
     test_accuracy: float
+    # Which val images it answers right (`pack_right`), for paired comparisons; empty in older ladders.
+    val_right_by_depth: list[str] = Field(default_factory=list)
     dominated: bool = False  # slower and no more accurate than another rung: skipped by default
     dominated_by: str | None = None
 
@@ -99,6 +104,7 @@ class Ensemble(EngineRecord):
     fit_fingerprint: str
     val_accuracy: float  # out-of-fold (cross-validated) on val: the stacker itself is fitted on val
     test_accuracy: float
+    val_right_by_depth: list[str] = Field(default_factory=list)  # as a rung's, out of fold
     soft_vote_val_accuracy: float  # the baseline: mean of the members' probabilities
     soft_vote_test_accuracy: float
     dominated: bool = False
@@ -170,6 +176,7 @@ class Cascade(_Model):
     # val accuracy when the cascade may run at most j stages (j = 1..k): what a shorter deadline still buys.
     # Empty in ladders built before it was recorded; planners then count only the whole cascade.
     val_accuracy_by_depth: list[float] = Field(default_factory=list)
+    val_right_by_depth: list[str] = Field(default_factory=list)  # as a rung's, at each depth
 
 
 class MemberCascade(_Model):
@@ -196,6 +203,7 @@ class MemberCascade(_Model):
     val_accuracy: float
     test_accuracy: float
     val_accuracy_by_depth: list[float]  # at most j members (j = 1..k)
+    val_right_by_depth: list[str] = Field(default_factory=list)  # as a rung's, at each depth
     test_exit_share: list[float]  # share of test images answered after member j
     test_mean_ms: float  # measured: members, stackers and gate, batch 1, over the test split
     test_p99_ms: float
@@ -284,6 +292,24 @@ class ManifestError(RuntimeError):
 def accuracy_stderr(accuracy: float, images: int) -> float:
     """The standard error of an accuracy measured on `images` images, sqrt(p (1 - p) / n); 0 without images."""
     return math.sqrt(accuracy * (1.0 - accuracy) / images) if images > 0 else 0.0
+
+
+def paired_stderr(right_a: np.ndarray, right_b: np.ndarray) -> float:
+    """The standard error of the difference between two accuracies measured on the same images (per image: right
+    or not), sqrt(var(d) / n) with d = right_a - right_b. Two answers that agree on most images differ by far less
+    noise than either accuracy's own standard error (`accuracy_stderr`), so a consistent loss is told apart."""
+    d = np.asarray(right_a, np.float64) - np.asarray(right_b, np.float64)
+    return float(d.std() / math.sqrt(len(d))) if len(d) else 0.0
+
+
+def pack_right(right: np.ndarray) -> str:
+    """Per image, answered right or not, packed eight to a byte, base64 (836 characters for 5,000 images)."""
+    return base64.b64encode(np.packbits(np.asarray(right, bool)).tobytes()).decode("ascii")
+
+
+def unpack_right(packed: str, images: int) -> np.ndarray:
+    """`pack_right` undone: a bool array of `images` entries."""
+    return np.unpackbits(np.frombuffer(base64.b64decode(packed), np.uint8), count=images).astype(bool)
 
 
 def load_ladder(directory: Path, verify: bool = True) -> Ladder:

@@ -40,8 +40,9 @@ class Settings(BaseSettings):
         1.0,
         ge=0,
         le=10,
-        description="auto counts val accuracies within this many standard errors of the best reachable as equal "
-        "and takes the cheapest of them (the one-standard-error rule); 0: always the most accurate",
+        description="auto counts val accuracies within this many standard errors (paired, where the ladder records "
+        "each val image) of the best reachable as equal and takes the cheapest of them (the one-standard-error "
+        "rule); 0: always the most accurate",
     )
     warmup_runs: int = Field(5, ge=0)
     # The front door (service/server.py): what a slow or greedy client may hold.

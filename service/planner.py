@@ -7,8 +7,8 @@ is confident enough, or when its next step no longer fits; so its value under a 
 it reaches within the steps that fit (`accuracy_by_depth`, measured on val by the builder).
 
 Policies: `auto` (the default) takes, per request, the cheapest option whose accuracy within the time left
-is as good as the best's (within `tie_se` standard errors of val accuracy: the one-standard-error rule), its
-predictions inflated by the caution its late answers have built up (service/caution.py);
+is as good as the best's (within `tie_se` paired standard errors of val accuracy, `Ties`: the one-standard-error
+rule), its predictions inflated by the caution its late answers have built up (service/caution.py);
 `static` the most accurate single rung that fits whole; `cascade` the most accurate stage cascade;
 `fixed` the option the request names. The others stay for baselines.
 """
@@ -21,7 +21,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung, accuracy_stderr
+from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung, accuracy_stderr, unpack_right
 from models.compat import StrEnum
 from service.caution import Caution
 from service.errors import DeadlineInfeasible, OutOfService, UnknownRung
@@ -73,6 +73,7 @@ class Option:
     members: list[str] = field(default_factory=list)
     served: bool = True  # not dominated (or dominated ones are served too)
     reach: list[float] = field(default_factory=lambda: [1.0])  # how often step j runs (a cascade stops early)
+    right_by_depth: list[str] = field(default_factory=list)  # val images answered right at each depth (packed)
 
     def plan(self, policy: Policy) -> Plan:
         return Plan(policy, self.name, list(self.engines), list(self.thresholds), True, self.kind, list(self.members))
@@ -80,7 +81,8 @@ class Option:
 
 def _rung_option(r: Rung | Ensemble, include_dominated: bool) -> Option:
     members = list(r.members) if isinstance(r, Ensemble) else []
-    return Option(r.name, PlanKind.RUNG, [r.name], [r.val_accuracy], [], members, include_dominated or not r.dominated)
+    served = include_dominated or not r.dominated
+    return Option(r.name, PlanKind.RUNG, [r.name], [r.val_accuracy], [], members, served, [1.0], r.val_right_by_depth)
 
 
 def _reach(shares: Sequence[float], steps: int) -> list[float]:
@@ -95,7 +97,8 @@ def _stage_option(c: Cascade) -> Option:
     # Without recorded depths, only the whole cascade is credited (a shorter run answers, but unmeasured).
     by_depth = list(c.val_accuracy_by_depth) or [0.0] * (k - 1) + [c.val_accuracy]
     reach = _reach(c.expected_exit_share, k)
-    return Option(c.name, PlanKind.STAGES, list(c.stages), by_depth, list(c.thresholds), reach=reach)
+    right = list(c.val_right_by_depth) if c.val_accuracy_by_depth else []
+    return Option(c.name, PlanKind.STAGES, list(c.stages), by_depth, list(c.thresholds), [], True, reach, right)
 
 
 def _member_option(c: MemberCascade, include_dominated: bool) -> Option:
@@ -109,7 +112,41 @@ def _member_option(c: MemberCascade, include_dominated: bool) -> Option:
         list(c.members),
         served,
         _reach(c.test_exit_share, len(c.members)),
+        list(c.val_right_by_depth),
     )
+
+
+class Ties:
+    """Which val accuracies count as equal: within `tie_se` standard errors of the difference.
+
+    Where the ladder records which val images each option (at each depth) answers right, the standard error is the
+    paired one (engines.manifest.paired_stderr), computed for every pair once, here: two options that agree on
+    most images are told apart by a far smaller difference than either accuracy's own standard error. Otherwise,
+    and for ladders built before the records, it is the binomial standard error of the better accuracy,
+    sqrt(p (1 - p) / n)."""
+
+    def __init__(self, options: Sequence[Option], images: int, tie_se: float) -> None:
+        self.tie_se, self.images = tie_se, images
+        self.row: dict[tuple[str, int], int] = {}
+        rows: list[np.ndarray] = []
+        for o in options:
+            if images and len(o.right_by_depth) == len(o.accuracy_by_depth):
+                for depth, packed in enumerate(o.right_by_depth, 1):
+                    self.row[(o.name, depth)] = len(rows)
+                    rows.append(unpack_right(packed, images))
+        if rows:  # var(a - b) = discordant share - (p_a - p_b)^2; the discordant counts from one product
+            r = np.asarray(rows, np.float64)
+            right, both = r.sum(axis=1), r @ r.T
+            p = right / images
+            var = (right[:, None] + right[None, :] - 2 * both) / images - (p[:, None] - p[None, :]) ** 2
+            self.se = np.sqrt(np.maximum(var, 0.0) / images)
+
+    def margin(self, accuracy: float, a: tuple[str, int], b: tuple[str, int]) -> float:
+        """How far below `accuracy` (option a's, at its depth) option b may be and still count as equal to a."""
+        i, j = self.row.get(a), self.row.get(b)
+        if i is not None and j is not None:
+            return self.tie_se * float(self.se[i, j])
+        return self.tie_se * accuracy_stderr(accuracy, self.images)
 
 
 class Planner:
@@ -125,7 +162,7 @@ class Planner:
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
         # auto's resolution: val accuracies within tie_se standard errors of the best count as equal (0: none).
-        self.tie_se, self.val_images = tie_se, ladder.split_sizes.get("val", 0)
+        self.tie_se = tie_se
         self.caution = caution  # None: auto plans on the bare predictions
         self.budget = budget  # None: auto ignores the load (service/load.py)
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
@@ -136,6 +173,7 @@ class Planner:
         self.static = sorted((o for o in rungs if o.served), key=lambda o: -o.accuracy_by_depth[0])
         self.cascades = sorted(stages, key=lambda o: -o.accuracy_by_depth[-1])
         self.auto = [o for o in self.options.values() if o.served]
+        self.ties = Ties(self.auto, ladder.split_sizes.get("val", 0), tie_se)
         self.out: set[str] = set()  # engines taken out of service (they failed)
 
     def take_out(self, engine: str) -> None:
@@ -192,11 +230,6 @@ class Planner:
             total += reach * memo[engine]
         return total
 
-    def tie(self, accuracy: float) -> float:
-        """How far below `accuracy` an option may be and still count as equal: `tie_se` standard errors of an
-        accuracy measured on the ladder's val images (0 when the ladder does not say how many)."""
-        return self.tie_se * accuracy_stderr(accuracy, self.val_images)
-
     def _best_within(self, options: list[Option], budget_ms: float, cost_cap_ms: float = float("inf")) -> Option | None:
         """The option worth most within the time budget: the cheapest (average cost) of those whose accuracy
         at the depth that fits is within `tie` of the best's, then the more accurate.
@@ -205,7 +238,7 @@ class Planner:
         every option that fits is over it, the one that costs least answers.
         """
         cheapest, least = None, float("inf")
-        reachable: list[tuple[float, float, Option]] = []  # (accuracy at the depth that fits, cost, option)
+        reachable: list[tuple[float, float, Option, int]] = []  # (accuracy at the depth that fits, cost, option, depth)
         predicted: dict[str, float] = {}  # options share engines: each is predicted once per plan
         typical: dict[str, float] = {}
         for option in options:
@@ -217,12 +250,13 @@ class Planner:
                 if cost < least:
                     cheapest, least = option, cost
                 continue
-            reachable.append((option.accuracy_by_depth[depth - 1], cost, option))
+            reachable.append((option.accuracy_by_depth[depth - 1], cost, option, depth))
         if not reachable:
             return cheapest
-        best = max(accuracy for accuracy, _, _ in reachable)
-        floor = best - self.tie(best)
-        return min((r for r in reachable if r[0] >= floor), key=lambda r: (r[1], -r[0]))[2]
+        best, _, top, top_depth = max(reachable, key=lambda r: r[0])
+        a = (top.name, top_depth)
+        tied = [r for r in reachable if best - r[0] <= self.ties.margin(best, a, (r[2].name, r[3]))]
+        return min(tied, key=lambda r: (r[1], -r[0]))[2]
 
     def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
         """The quickest plan this policy allows and its predicted time to a first answer (ms)."""

@@ -34,12 +34,16 @@ from service.timing import PathTime
 log = logging.getLogger("anytime.runtime")
 
 
+PER_IMAGE = {k: {"__all__": {"val_right_by_depth"}} for k in ("rungs", "ensembles", "cascades", "member_cascades")}
+
+
 class Runtime:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings, self.metrics = settings, metrics
         self.ladder: Ladder = load_ladder(settings.ladder)  # checks every artefact's sha256
         self.threads = settings.threads or self.ladder.threads  # as the profiles were measured, by default
-        self.ladder_json = self.ladder.model_dump_json().encode()  # GET /v1/ladder, serialized once
+        # GET /v1/ladder, serialized once; without the per-image val records (the planner's, kilobytes each).
+        self.ladder_json = self.ladder.model_dump_json(exclude=PER_IMAGE).encode()
         # The ladder's version: its manifest's hash, in every answer (which build answered, across a fleet).
         self.ladder_version = hashlib.sha256((Path(settings.ladder) / MANIFEST_NAME).read_bytes()).hexdigest()[:12]
         key = settings.api_key.get_secret_value() if settings.api_key else None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engines.base import Backend, EngineBase, Precision
-from engines.manifest import Artifact, Cascade, Ladder, LatencyProfile, MemberCascade, Rung, Stage
+from engines.manifest import Artifact, Cascade, Ladder, LatencyProfile, MemberCascade, Rung, Stage, pack_right
 from service.errors import (
     DeadlineExpired,
     DeadlineInfeasible,
@@ -543,6 +543,38 @@ def test_auto_takes_the_cheapest_option_within_tie_se_standard_errors_of_the_bes
     assert auto(1.0, 2.2) == "members"  # as without ties: only one step fits, and m1 (0.82) beats fast (0.80)
     ladder.split_sizes = {}  # a ladder that does not say how many val images: no ties
     assert auto(1.0, 50.0) == "cascade"
+
+
+def _packed(first: int, last: int, n: int = 100) -> str:
+    """Right on val images first..last-1 of n, packed as ladder.json records it."""
+    right = np.zeros(n, bool)
+    right[first:last] = True
+    return pack_right(right)
+
+
+def test_auto_ties_by_the_paired_standard_error_where_the_ladder_records_each_val_image() -> None:
+    """As above, on 100 val images, but the ladder records which images each option answers right. The stage
+    cascade at two stages (0.92) is right wherever slow (0.90) is, and on 2 more: a consistent gain, paired standard
+    error 1.4 pp, so slow no longer ties with it (the binomial rule above took slow). The member cascade (0.88, 1.4
+    ms) ties only where its answers are noisy against the cascade's (right on images 12-99: paired standard error
+    4.5 pp), not where it is the cascade minus 4 images (2.0 pp)."""
+    ladder = _auto_ladder()
+    ladder.split_sizes = {"val": 100, "test": 100}
+    ladder.rung("slow").val_right_by_depth = [_packed(0, 90)]
+    ladder.cascades[0].val_right_by_depth = [_packed(0, 85), _packed(0, 92), _packed(0, 95)]
+    members = ladder.member_cascades[0]
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+
+    def auto(tie_se: float) -> str:
+        planner = Planner(ladder, predictor, margin_ms=1.0, tie_se=tie_se)
+        return planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name
+
+    members.val_right_by_depth = [_packed(0, 82), _packed(0, 88)]  # consistent: the cascade's minus 4
+    assert auto(1.0) == "cascade"
+    assert auto(3.0) == "members"  # 3 x 2.0 pp >= 4 pp
+    members.val_right_by_depth = [_packed(18, 100), _packed(12, 100)]  # noisy against the cascade
+    assert auto(1.0) == "members"
+    assert auto(0.0) == "cascade"
 
 
 def test_arrival_rate_follows_steady_arrivals_and_decays_when_they_stop() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.manifest import Cascade, Stage
+from engines.manifest import Cascade, Stage, pack_right
 from engines.steps.context import BuildContext
 from engines.steps.evaluate import accuracy, chain_logits
 from engines.steps.graphs import EngineKind, Graph
@@ -42,6 +42,7 @@ def build_cascade(
 
     fit = CascadeFit(**ctx.cache.run(f"thresholds/{kind.precision}.{kind.backend}", key, fit_on_val))
     _, preds = simulate(test_logits, fit.thresholds)
+    right = [simulate(val_logits[:j], fit.thresholds[: j - 1])[1] == val.labels for j in range(1, len(val_logits) + 1)]
     cascade = Cascade(
         name=f"cascade.{kind.precision}.{kind.backend}",
         precision=kind.precision,
@@ -54,9 +55,7 @@ def build_cascade(
         val_accuracy=fit.accuracy,
         test_accuracy=float((preds == test.labels).mean()),
         test_last_exit_accuracy=accuracy(test_logits[-1], test.labels),
-        val_accuracy_by_depth=[
-            float((simulate(val_logits[:j], fit.thresholds[: j - 1])[1] == val.labels).mean())
-            for j in range(1, len(val_logits) + 1)
-        ],
+        val_accuracy_by_depth=[float(r.mean()) for r in right],
+        val_right_by_depth=[pack_right(r) for r in right],
     )
     return records, cascade

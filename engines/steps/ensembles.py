@@ -27,7 +27,7 @@ import numpy as np
 from engines.base import Backend, Precision
 from engines.ensemble import StackerKind, StackerSession, member_features, soft_vote
 from engines.factory import open_ensemble
-from engines.manifest import Ensemble, EnsembleTried, LatencyProfile, Rung
+from engines.manifest import Ensemble, EnsembleTried, LatencyProfile, Rung, pack_right
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import accuracy, engine_logits
 from engines.steps.measure import ProfileConfig, measure_latency, measure_peak_memory
@@ -247,6 +247,7 @@ def _stacker(
         "folds": FOLDS,
         "settings": SETTINGS,
         "versions": {**ctx.versions, **stacker_versions()},
+        "report": 2,  # 2: with the out-of-fold answers' right/wrong per val image
     }
 
     def make() -> dict[str, Any]:
@@ -255,7 +256,8 @@ def _stacker(
             features, logits.val_labels, config.seed, config.stackers, jobs=ctx.eval_threads
         )  # not timed: every core
         export_stacker(fit.estimator, features.shape[1], path)
-        report = {"kind": str(fit.kind), "cv_accuracy": fit.cv_accuracy}
+        right = pack_right(fit.oof_predictions == logits.val_labels)
+        report = {"kind": str(fit.kind), "cv_accuracy": fit.cv_accuracy, "oof_right": right}
         report_path.write_text(json.dumps(report, indent=1))
         return report
 
@@ -291,6 +293,7 @@ def _ensemble(
         fit_split="val",
         fit_fingerprint=ctx.inputs.split("val").fingerprint,
         val_accuracy=report["cv_accuracy"][str(kind)],
+        val_right_by_depth=[report["oof_right"]],
         test_accuracy=accuracy(session.predict_proba(logits.features(names, "test")), logits.test_labels),
         soft_vote_val_accuracy=logits.soft_vote(names, "val"),
         soft_vote_test_accuracy=logits.soft_vote(names, "test"),

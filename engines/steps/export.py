@@ -19,7 +19,7 @@ from engines.backends.onnxruntime import OnnxRuntimeEngine
 from engines.base import Precision
 from engines.steps.context import BuildContext
 from engines.steps.graphs import Graph
-from engines.steps.modules import ExitGraph, StageGraph
+from engines.steps.modules import ExitGraph, MirrorGraph, StageGraph
 from engines.steps.parallel import run_steps
 
 EXPORT_TOLERANCE = 1e-4  # max abs logit difference, FP32 ONNX Runtime vs torch
@@ -182,13 +182,10 @@ def _model(checkpoint: str) -> Any:
 def run_export_job(job: ExportJob) -> None:
     model = _model(job.checkpoint)
     g = job.graph
-    module = (
-        model
-        if g.kind == "member"
-        else StageGraph(model, g.exit)
-        if g.kind == "stage"
-        else ExitGraph(model, g.exit, g.cut)
-    )
+    if g.kind == "member":
+        module = MirrorGraph(model) if g.mirror else model
+    else:
+        module = StageGraph(model, g.exit) if g.kind == "stage" else ExitGraph(model, g.exit, g.cut)
     export_graph(module, g.item_shape, Path(job.path), g.outputs)
 
 

@@ -1,13 +1,13 @@
 """What the build starts from (checkpoints, data) and what it exports: one `Graph` per network to turn into engines.
 
 A graph is a cascade stage, a fixed exit or a residual cut of the main multi-exit model, or an ensemble
-member (a single-exit checkpoint of its own). Each becomes one FP32 ONNX file, and from it the engines of
-the precisions this machine can use (`EngineKind`).
+member (a single-exit checkpoint of its own, or its mirror view: the same network on the flipped image). Each
+becomes one FP32 ONNX file, and from it the engines of the precisions this machine can use (`EngineKind`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ class Graph:
     outputs: list[str] = field(default_factory=lambda: ["logits"])
     macs: int = 0
     source: str = ""  # a member's checkpoint sha256 (other graphs come from the main checkpoint)
+    mirror: bool = False  # a member's mirror view: the member run on the image flipped left to right
 
     def file(self, precision: Precision, tensorrt: bool = False) -> str:
         return f"{self.name}.{precision}{'.trt' if tensorrt else ''}.onnx"
@@ -82,17 +83,23 @@ class Graph:
             "item_shape": list(self.item_shape),
             "outputs": self.outputs,
             **({"source": self.source} if self.source else {}),
+            **({"mirror": True} if self.mirror else {}),
         }
 
 
 @dataclass
 class Member:
-    """A single-exit checkpoint built beside the main model for ensembles."""
+    """A single-exit checkpoint built beside the main model for ensembles, or its mirror view (`mirror`: the
+    same checkpoint run on the image flipped left to right)."""
 
     path: Path
     checkpoint: Checkpoint
     artifact: Artifact
     model: Any
+    mirror: bool = False
+
+
+MIRROR_SUFFIX = "_mirror"  # a mirror view's graph name: the member's, then this
 
 
 @dataclass
@@ -119,11 +126,16 @@ def checkpoint_artifact(path: Path) -> Artifact:
     return Artifact(path=path.name, sha256=sha256_file(path), bytes=path.stat().st_size)
 
 
-def load_inputs(checkpoint: Path, data: str, members: tuple[Path, ...]) -> Inputs:
+def load_inputs(checkpoint: Path, data: str, members: tuple[Path, ...], mirror_views: bool = False) -> Inputs:
+    """The main checkpoint, each member and, with `mirror_views`, each member's mirror view after it."""
     source = open_source(data)
     ckpt = load_checkpoint(checkpoint, source)
     inputs = Inputs(Path(checkpoint), ckpt, checkpoint_artifact(checkpoint), ckpt.build_model(), source, {})
-    inputs.members = {Path(p).stem: _load_member(Path(p), inputs) for p in members}
+    for p in members:
+        member = _load_member(Path(p), inputs)
+        inputs.members[Path(p).stem] = member
+        if mirror_views:
+            inputs.members[Path(p).stem + MIRROR_SUFFIX] = replace(member, mirror=True)
     return inputs
 
 
@@ -155,7 +167,10 @@ def plan_graphs(inputs: Inputs, cuts: list[tuple[str, ...]], base: bool = True) 
             for k in range(1, k_last + 1)
         ]
         graphs += [Graph(f"exit{k}", "exit", k, (), shape) for k in range(1, k_last + 1)]
-        graphs += [Graph(name, "member", 1, (), shape, source=m.artifact.sha256) for name, m in inputs.members.items()]
+        graphs += [
+            Graph(name, "member", 1, (), shape, source=m.artifact.sha256, mirror=m.mirror)
+            for name, m in inputs.members.items()
+        ]
     for g in graphs:
         g.macs = count_macs(module(inputs.model, g, inputs.members), torch.zeros(1, *g.item_shape))
     return graphs
@@ -163,8 +178,8 @@ def plan_graphs(inputs: Inputs, cuts: list[tuple[str, ...]], base: bool = True) 
 
 def module(model: Any, g: Graph, members: dict[str, Member]) -> Any:
     """The torch module that computes graph `g` (an nn.Module)."""
-    from engines.steps.modules import ExitGraph, StageGraph
+    from engines.steps.modules import ExitGraph, MirrorGraph, StageGraph
 
     if g.kind == "member":
-        return members[g.name].model
+        return MirrorGraph(members[g.name].model) if g.mirror else members[g.name].model
     return StageGraph(model, g.exit) if g.kind == "stage" else ExitGraph(model, g.exit, g.cut)

@@ -10,8 +10,10 @@ most `bound_pp` percent of val: the accuracy bound, stated as agreement. (In the
 an accuracy bound on 5,000 val images picked thresholds where val happened to lose nothing and test lost
 0.15-0.2 pp; the agreement rate carried over to test: 0.12 % of test answers differed where val allowed 0.1 %.)
 The cascades kept are drawn from those no other beats on both val accuracy and expected cost, as `auto` chooses
-among them (service/planner.py): val accuracies within `tie_se` standard errors of the most accurate count as
-equal, and of such a group only the cheapest is kept; then the next group below it, up to `keep` cascades. (On
+among them (service/planner.py): val accuracies within `tie_se` paired standard errors (of the difference, over
+the same val images: engines.manifest.paired_stderr) of the most accurate count as equal, and of such a group only
+the cheapest is kept; then the next group below it, up to `keep` cascades. Each kept cascade records which val
+images it answers right at each depth, for the planner's paired ties. (On
 the ladder of 2026-11-25 the five most accurate of the 9 on the front lay within 0.06 pp of val accuracy, 3
 images of 5,000, at an expected 1.44-2.67 ms; keeping them, as before, dropped the cheaper ones, 1.00-1.30 ms,
 MobileNetV2 then VGG with or without a third member.)
@@ -33,7 +35,7 @@ import numpy as np
 from engines.base import Backend, Engine, softmax
 from engines.ensemble import soft_vote
 from engines.factory import open_engine
-from engines.manifest import Ensemble, MemberCascade, Rung, accuracy_stderr
+from engines.manifest import Ensemble, MemberCascade, Rung, pack_right, paired_stderr
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import engine_logits
 
@@ -59,6 +61,7 @@ class Found:
     val_full_accuracy: float  # every member run
     val_exit_share: list[float]
     expected_ms: float  # on val, from the members' batch-1 p50
+    val_right: np.ndarray  # per val image: answered right (bool), for paired comparisons between cascades
 
 
 def _steps(probs: Mapping[str, np.ndarray], order: Sequence[str]) -> list[np.ndarray]:
@@ -141,14 +144,15 @@ def search(
             thresholds, accuracy, cost, shares = chosen
             by_depth = [float((simulate(steps, thresholds, d)[1] == labels).mean()) for d in range(1, k + 1)]
             full = float((steps[-1].argmax(axis=1) == labels).mean())
-            found.append(Found(order, thresholds, accuracy, by_depth, full, shares, cost))
-    return front(found, config.keep, config.tie_se, len(labels))
+            right = simulate(steps, thresholds)[1] == labels
+            found.append(Found(order, thresholds, accuracy, by_depth, full, shares, cost, right))
+    return front(found, config.keep, config.tie_se)
 
 
-def front(found: list[Found], keep: int, tie_se: float = 0.0, images: int = 0) -> list[Found]:
+def front(found: list[Found], keep: int, tie_se: float = 0.0) -> list[Found]:
     """The cascades no other beats on both val accuracy and expected cost, thinned by ties: from the most
-    accurate down, those within `tie_se` standard errors (on `images` val images) of the group's most accurate
-    form a group, of which the cheapest is kept; at most `keep`, the most accurate groups first."""
+    accurate down, those within `tie_se` paired standard errors of the group's most accurate form a group, of
+    which the cheapest is kept; at most `keep`, the most accurate groups first."""
     on_front = [
         f
         for f in found
@@ -161,9 +165,12 @@ def front(found: list[Found], keep: int, tie_se: float = 0.0, images: int = 0) -
     ]
     rest, kept = sorted(on_front, key=lambda f: (-f.val_accuracy, f.expected_ms)), list[Found]()
     while rest and len(kept) < keep:
-        floor = rest[0].val_accuracy - tie_se * accuracy_stderr(rest[0].val_accuracy, images)
-        kept.append(min((f for f in rest if f.val_accuracy >= floor), key=lambda f: f.expected_ms))
-        rest = [f for f in rest if f.val_accuracy < floor]
+        head = rest[0]
+        group = [
+            f for f in rest if head.val_accuracy - f.val_accuracy <= tie_se * paired_stderr(head.val_right, f.val_right)
+        ]
+        kept.append(min(group, key=lambda f: f.expected_ms))
+        rest = [f for f in rest if not any(f is g for g in group)]
     return kept
 
 
@@ -237,6 +244,8 @@ def build_member_cascades(
         members = [by_name[m] for m in f.order]
         test_steps = _steps({m: softmax(logits[m]["test"].astype(np.float64)) for m in f.order}, f.order)
         at, preds = simulate(test_steps, f.thresholds)
+        val_steps = _steps({m: softmax(logits[m]["val"].astype(np.float64)) for m in f.order}, f.order)
+        right = [simulate(val_steps, f.thresholds, d)[1] == val.labels for d in range(1, len(f.order) + 1)]
         key = {
             "members": [m.artifact.sha256 for m in members],
             "thresholds": f.thresholds,
@@ -263,6 +272,7 @@ def build_member_cascades(
                 val_accuracy=f.val_accuracy,
                 test_accuracy=float((preds == test.labels).mean()),
                 val_accuracy_by_depth=f.val_accuracy_by_depth,
+                val_right_by_depth=[pack_right(r) for r in right],
                 test_exit_share=(np.bincount(at, minlength=len(f.order)) / len(at)).tolist(),
                 test_mean_ms=mean_ms,
                 test_p99_ms=p99_ms,

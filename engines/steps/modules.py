@@ -1,5 +1,5 @@
-"""The torch module behind each exported graph: a cascade stage (features in, features and logits out) or a
-fixed exit with some residual blocks cut."""
+"""The torch module behind each exported graph: a cascade stage (features in, features and logits out), a
+fixed exit with some residual blocks cut, or a member's mirror view."""
 
 from __future__ import annotations
 
@@ -30,6 +30,20 @@ class ExitGraph(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x, exit=self.k, cut=self.cut)
+
+
+class MirrorGraph(nn.Module):
+    """A member's mirror view: the member run on the image flipped left to right (test-time augmentation).
+
+    A model trained on randomly flipped images (`anytime train` flips half of each batch) answers the mirrored
+    image about as well, but makes partly different mistakes, so the view is a nearly free ensemble member."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(torch.flip(x, dims=(-1,)))
 
 
 def stage_input_shape(model: Any, input_shape: tuple[int, ...], k: int) -> tuple[int, ...]:

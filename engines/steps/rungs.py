@@ -8,7 +8,7 @@ from typing import Any
 from engines.backends.tensorrt import read_sidecar
 from engines.base import Backend
 from engines.factory import open_engine
-from engines.manifest import PlanInfo, Rung, Stage
+from engines.manifest import PlanInfo, Rung, Stage, pack_right
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import accuracy, engine_logits
 from engines.steps.graphs import EngineKind, Graph
@@ -74,9 +74,11 @@ def make_rung(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConf
         kind=g.kind if g.kind in ("cut", "member") else "exit",
         exit=g.exit,
         model=member.checkpoint.model_name if member else None,
+        mirror=g.mirror,
         cut=list(g.cut),
         val_accuracy=accuracy(logits["val"], ctx.inputs.split("val").labels),
         test_accuracy=accuracy(logits["test"], ctx.inputs.split("test").labels),
+        val_right_by_depth=[pack_right(logits["val"].argmax(axis=1) == ctx.inputs.split("val").labels)],
     )
 
 

@@ -77,27 +77,37 @@ def test_a_looser_bound_is_never_dearer() -> None:
     assert shared and all(loose[o] <= tight[o] + 1e-12 for o in shared)
 
 
-def _found(name: str, acc: float, ms: float) -> Found:
-    return Found((name, "x"), [0.9], acc, [acc, acc], acc, [0.9, 0.1], ms)
+def _found(name: str, ms: float, right: np.ndarray) -> Found:
+    acc = float(right.mean())
+    return Found((name, "x"), [0.9], acc, [acc, acc], acc, [0.9, 0.1], ms, right)
+
+
+def _right(first: int, last: int, n: int = 5000, wrong: tuple[int, ...] = ()) -> np.ndarray:
+    """Right on images first..last-1 of n, but for those in `wrong`."""
+    right = np.zeros(n, bool)
+    right[first:last] = True
+    right[list(wrong)] = False
+    return right
 
 
 def test_front_keeps_what_nothing_beats_on_both_most_accurate_first() -> None:
-    kept = front(
-        [_found("p", 0.95, 0.5), _found("q", 0.94, 0.2), _found("r", 0.94, 0.3), _found("s", 0.93, 0.6)], keep=5
-    )
+    p, q, r, s = _right(0, 4750), _right(0, 4700), _right(0, 4700), _right(0, 4650)
+    kept = front([_found("p", 0.5, p), _found("q", 0.2, q), _found("r", 0.3, r), _found("s", 0.6, s)], keep=5)
     assert [f.order[0] for f in kept] == ["p", "q"]  # r: q as accurate and cheaper; s: p beats it on both
-    assert [f.order[0] for f in front([_found("p", 0.95, 0.5), _found("q", 0.94, 0.2)], keep=1)] == ["p"]
+    assert [f.order[0] for f in front([_found("p", 0.5, p), _found("q", 0.2, q)], keep=1)] == ["p"]
 
 
-def test_front_keeps_the_cheapest_of_each_group_within_tie_se_standard_errors() -> None:
-    """One standard error of 0.95 on 5,000 val images is 0.31 pp: p, q and r are one group, of which r is the
-    cheapest; s, 0.9 pp below, starts the next. t is off the front (s beats it on both)."""
-    found = [_found("p", 0.950, 2.0), _found("q", 0.949, 1.5), _found("r", 0.948, 1.0)]
-    found += [_found("s", 0.940, 0.8), _found("t", 0.939, 0.9)]
-    assert [f.order[0] for f in front(found, keep=5, tie_se=1.0, images=5000)] == ["r", "s"]
-    assert [f.order[0] for f in front(found, keep=1, tie_se=1.0, images=5000)] == ["r"]
-    assert [f.order[0] for f in front(found, keep=5, tie_se=0.0, images=5000)] == ["p", "q", "r", "s"]
-    assert [f.order[0] for f in front(found, keep=5, tie_se=1.0, images=100)] == ["s"]  # 2.2 pp: one group
+def test_front_ties_only_what_the_paired_standard_error_cannot_tell_apart() -> None:
+    """On 5,000 val images p is right on 95.0 %. r (94.92 %) is right on 96 images p gets wrong and wrong on 92 it
+    gets right: 4 images apart, well within the paired standard error (0.27 pp), so p and r tie and the cheaper, r,
+    is kept. q (94.90 %) is p but wrong on 5 more images: a consistent loss (paired standard error 0.045 pp), no
+    tie, though both are within one binomial standard error (0.31 pp) of p. t is off the front (q beats it)."""
+    p, r = _found("p", 2.0, _right(0, 4750)), _found("r", 1.5, _right(96, 4842))
+    q, t = _found("q", 1.0, _right(0, 4750, wrong=(1, 2, 3, 4, 5))), _found("t", 1.2, _right(0, 4740))
+    assert [f.order[0] for f in front([p, r, q, t], keep=5, tie_se=1.0)] == ["r", "q"]
+    assert [f.order[0] for f in front([p, r, q, t], keep=1, tie_se=1.0)] == ["r"]
+    assert [f.order[0] for f in front([p, r, q, t], keep=5, tie_se=0.0)] == ["p", "r", "q"]
+    assert [f.order[0] for f in front([p, r, q, t], keep=5, tie_se=3.0)] == ["q"]  # 3 x 0.045 pp > 0.1 pp
 
 
 def _cascade(name: str, val: float, mean_ms: float) -> MemberCascade:

@@ -403,3 +403,44 @@ def test_the_waiting_thread_takes_queued_evaluations_and_a_task_error_reaches_it
     failing._submit(lambda: (_ for _ in ()).throw(ValueError("bad logits")))
     with pytest.raises(ValueError, match="bad logits"):
         failing.wait()
+
+
+# -- mirror views and per-image val records -------------------------------------------------------------------
+
+
+def test_a_mirror_view_is_its_member_on_the_flipped_image(tiny_ladder_dir: Path, fmnist: FashionMNIST) -> None:
+    """The tiny ladder's member (tests/tiny_ladder.py) gets a mirror view: a rung of its own, marked `mirror`,
+    whose FP32 graph answers an image as the member's answers the image flipped left to right, and not as the
+    member answers the image itself."""
+    from engines.manifest import load_ladder
+
+    ladder = load_ladder(tiny_ladder_dir)
+    view = ladder.rung("vgg_tiny_mirror.fp32.onnxruntime")
+    assert view.kind == "member" and view.mirror and not ladder.rung("vgg_tiny.fp32.onnxruntime").mirror
+    x = PreprocessSpec.from_dict(ladder.preprocess).normalize(fmnist.split("val").images[:64]).astype(np.float32)
+    member = OnnxRuntimeEngine(tiny_ladder_dir / "vgg_tiny.fp32.onnx", Precision.FP32, threads=1)
+    mirror = OnnxRuntimeEngine(tiny_ladder_dir / "vgg_tiny_mirror.fp32.onnx", Precision.FP32, threads=1)
+    try:
+        np.testing.assert_allclose(mirror.infer(x), member.infer(np.ascontiguousarray(x[..., ::-1])), atol=1e-4)
+        assert not np.allclose(mirror.infer(x), member.infer(x), atol=1e-2)
+    finally:
+        member.close()
+        mirror.close()
+
+
+def test_every_option_records_which_val_images_it_answers_right(tiny_ladder_dir: Path) -> None:
+    """The planner's paired ties read these records (service/planner.py, Ties): each must agree with the
+    accuracy recorded beside it, at every depth, out of fold for an ensemble."""
+    from engines.manifest import load_ladder, unpack_right
+
+    ladder = load_ladder(tiny_ladder_dir)
+    images = ladder.split_sizes["val"]
+    for record in [*ladder.rungs, *ladder.ensembles]:
+        assert [unpack_right(r, images).mean() for r in record.val_right_by_depth] == pytest.approx(
+            [record.val_accuracy], abs=1e-12
+        ), record.name
+    cascades = [*ladder.cascades, *ladder.member_cascades]
+    assert cascades and ladder.ensembles
+    for c in cascades:
+        by_depth = [unpack_right(r, images).mean() for r in c.val_right_by_depth]
+        assert by_depth == pytest.approx(c.val_accuracy_by_depth, abs=1e-12), c.name
