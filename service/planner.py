@@ -161,8 +161,6 @@ class Planner:
         tie_se: float = 0.0,
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
-        # auto's resolution: val accuracies within tie_se standard errors of the best count as equal (0: none).
-        self.tie_se = tie_se
         self.caution = caution  # None: auto plans on the bare predictions
         self.budget = budget  # None: auto ignores the load (service/load.py)
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
@@ -173,6 +171,7 @@ class Planner:
         self.static = sorted((o for o in rungs if o.served), key=lambda o: -o.accuracy_by_depth[0])
         self.cascades = sorted(stages, key=lambda o: -o.accuracy_by_depth[-1])
         self.auto = [o for o in self.options.values() if o.served]
+        # auto's resolution: val accuracies within tie_se standard errors of the best count as equal (0: none).
         self.ties = Ties(self.auto, ladder.split_sizes.get("val", 0), tie_se)
         self.out: set[str] = set()  # engines taken out of service (they failed)
 
@@ -232,7 +231,7 @@ class Planner:
 
     def _best_within(self, options: list[Option], budget_ms: float, cost_cap_ms: float = float("inf")) -> Option | None:
         """The option worth most within the time budget: the cheapest (average cost) of those whose accuracy
-        at the depth that fits is within `tie` of the best's, then the more accurate.
+        at the depth that fits is within `ties` of the best's, then the more accurate.
 
         Options whose average cost is over `cost_cap_ms` (what the load leaves a request) are left out; when
         every option that fits is over it, the one that costs least answers.
@@ -275,7 +274,7 @@ class Planner:
     ) -> Plan:
         """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible).
 
-        auto: over every served option, the cheapest whose accuracy reachable in time is within `tie` of the
+        auto: over every served option, the cheapest whose accuracy reachable in time is within `ties` of the
         best's, with the queue wait and each step's prediction multiplied by the caution factor (a cascade counts
         for the steps that fit). static: the most accurate rung that fits whole. cascade: the most accurate stage
         cascade that fits whole, else the one whose first stage is quickest (it stops early when time runs
