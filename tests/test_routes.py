@@ -969,6 +969,8 @@ def test_the_ladder_route_serves_the_manifest_with_its_version(app: FastAPI, lad
     assert reply.headers["x-ladder-version"] == runtime.ladder_version
     assert reply.body == runtime.ladder_json
     assert [r.name for r in Ladder.model_validate_json(reply.body).rungs] == [r.name for r in ladder.rungs]
+    # The per-image val records (the planner's, kilobytes each) stay out of the reply; ladder.json has them.
+    assert ladder.rungs[0].val_right_by_depth and b"val_right_by_depth" not in reply.body
 
 
 def _refs(node: Any) -> Iterator[str]:
