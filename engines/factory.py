@@ -41,7 +41,8 @@ def open_engine(
 def open_ensemble(
     directory: Path, record: Ensemble, rungs: Mapping[str, Rung], num_classes: int, threads: int
 ) -> EnsembleEngine:
-    """Open an ensemble rung: its member rungs with the threads split between them, and its stacker."""
+    """Open an ensemble rung: its member rungs with the threads split between them, and its stacker. The members
+    run side by side only when `threads` gives each one a thread of its own (`concurrent_members`)."""
     members = [rungs[name] for name in record.members]
     per_member = max(1, threads // len(members))
     engines = [
@@ -62,7 +63,13 @@ def open_ensemble(
         len(members) * num_classes,
         num_classes,
     )
-    return EnsembleEngine(engines, stacker, record.precision)
+    return EnsembleEngine(engines, stacker, record.precision, concurrent_members(threads, len(members)))
+
+
+def concurrent_members(threads: int, members: int) -> bool:
+    """Whether an ensemble's members run side by side: only with a thread for each within `threads`. Else in turn:
+    a pool's threads on one thread's budget oversubscribe the cores (engines.ensemble.EnsembleEngine)."""
+    return threads >= members
 
 
 def open_record(directory: Path, ladder: Ladder, record: EngineRecord, threads: int = 2) -> Engine:

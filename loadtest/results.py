@@ -14,7 +14,7 @@ from loadtest.summary import Record
 
 # front: every option the server serves (rungs, ensembles and cascades off no one's shadow), each as `fixed`
 POLICY_NAMES = ("auto", "static", "cascade", "front", "baseline")
-OTHER_POLICIES = ("fixed-fast", "fixed-best", "auto-bare", "auto-unloaded")
+OTHER_POLICIES = ("fixed-fast", "fixed-best", "auto-bare", "auto-unloaded", "auto-most-accurate")
 CAPACITY_ATTAINMENT = 0.99
 EXPAND_STEPS, BISECTIONS = 6, 3  # the capacity search's bound: at most 9 short runs per policy
 
@@ -23,10 +23,10 @@ EXPAND_STEPS, BISECTIONS = 6, 3  # the capacity search's bound: at most 9 short 
 class PolicySpec:
     """One column of the sweep: what the load generator sends, and to which server."""
 
-    label: str  # auto, static, cascade, fixed:<option>, fixed-fast, fixed-best, auto-bare, auto-unloaded, baseline
+    label: str  # auto, static, cascade, fixed:<option>, fixed-fast, fixed-best, a SECOND_SERVERS name, baseline
     policy: str  # the request's `policy` field (the baseline ignores it)
     rung: str | None = None
-    server: str = "anytime"  # anytime; auto-bare, auto-unloaded: another Anytime server (SECOND_SERVERS); baseline
+    server: str = "anytime"  # anytime; a SECOND_SERVERS name: another Anytime server (loadtest/sweep.py); baseline
 
     @property
     def baseline(self) -> bool:

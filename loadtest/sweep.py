@@ -53,6 +53,7 @@ KEEP_UP_DEADLINE_MS, KEEP_UP_SHARE = 100.0, 0.95
 SECOND_SERVERS = {
     "auto-bare": {"ANYTIME_AUTO_CAUTION": "false"},  # service/caution.py off
     "auto-unloaded": {"ANYTIME_AUTO_UTILIZATION": "0"},  # service/load.py off
+    "auto-most-accurate": {"ANYTIME_AUTO_TIE_SE": "0"},  # no ties: always the most accurate option that fits
 }  # capacity: >= 95 % answered 200 within 100 ms at the client
 
 
@@ -75,8 +76,9 @@ def _plan_names(ladder: Ladder) -> set[str]:
 def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     """auto, static, cascade; front: a fixed column per served option; fixed-fast: the non-dominated rung with
     the lowest p99 at batch 1; fixed-best: the highest val accuracy; fixed:NAME: the ladder's option NAME (a rung,
-    ensemble or cascade; a dominated rung is loaded when first asked for); auto-bare and auto-unloaded: auto on a
-    second Anytime server without caution or without the load budget (SECOND_SERVERS), for a side-by-side
+    ensemble or cascade; a dominated rung is loaded when first asked for); auto-bare, auto-unloaded and
+    auto-most-accurate: auto on a second Anytime server without caution, without the load budget or without ties
+    (SECOND_SERVERS), for a side-by-side
     comparison; baseline: loadtest/baseline.py. An unknown name raises ValueError."""
     specs = []
     for name in names:
@@ -268,7 +270,7 @@ def keep_up_capacity(runner: _Runner, spec: PolicySpec, start: float) -> Capacit
 @contextmanager
 def _servers(ladder_dir: Path, servers: set[str]) -> Iterator[dict[str, str]]:
     """The servers the columns need, all started before the first cell; one takes load at a time, the others
-    idle (another Anytime server for `auto-bare` or `auto-unloaded`: they then run the same cells, interleaved)."""
+    idle (another Anytime server for each SECOND_SERVERS column: they then run the same cells, interleaved)."""
     with ExitStack() as stack:
         urls = {"anytime": stack.enter_context(running_server(ladder_dir))}
         for name, env in SECOND_SERVERS.items():

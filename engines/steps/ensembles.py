@@ -26,7 +26,7 @@ import numpy as np
 
 from engines.base import Backend, Precision
 from engines.ensemble import StackerKind, StackerSession, member_features, soft_vote
-from engines.factory import open_ensemble
+from engines.factory import concurrent_members, open_ensemble
 from engines.manifest import Ensemble, EnsembleTried, LatencyProfile, Rung, pack_right
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import accuracy, engine_logits
@@ -300,7 +300,13 @@ def _ensemble(
     )
     # Its timing depends on the stacker and every member file.
     files = hashlib.sha256(" ".join([record.artifact.sha256, *(m.artifact.sha256 for m in members)]).encode())
-    key = {"files": files.hexdigest(), "profile": profile.key(), "machine": machine_key(), "versions": ctx.versions}
+    key = {
+        "files": files.hexdigest(),
+        "profile": profile.key(),
+        "machine": machine_key(),
+        "versions": ctx.versions,
+        "concurrent": concurrent_members(ctx.threads, len(members)),  # members side by side or in turn
+    }
 
     def make() -> dict[str, Any]:
         engine, memory = measure_peak_memory(lambda: open_ensemble(ctx.out, record, rungs, num_classes, ctx.threads))

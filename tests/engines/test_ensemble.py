@@ -123,9 +123,11 @@ def test_ensemble_output_equals_the_stacker_on_its_members_outputs(tmp_path: Pat
     path = export_stacker(fit.estimator, 3 * CLASSES, tmp_path / "stacker.onnx")
     session = StackerSession(path, sha256_file(path), fit.kind, 3 * CLASSES, CLASSES)
     ensemble = EnsembleEngine(engines, session, Precision.FP32)
+    in_turn = EnsembleEngine(engines, session, Precision.FP32, concurrent=False)  # members in the caller's thread
 
     x = rng.standard_normal((7, 1, 4, 4)).astype(np.float32)
     (log_probs,) = ensemble.run(x)
+    np.testing.assert_array_equal(in_turn.run(x)[0], log_probs)
     separate = [OnnxRuntimeEngine(p, Precision.FP32, threads=1).infer(x) for p in members]
     expected = session.predict_proba(member_features(separate))
     np.testing.assert_allclose(softmax(log_probs), expected, atol=1e-6)
@@ -188,6 +190,10 @@ def test_open_ensemble_checks_every_file(tmp_path: Path) -> None:
     record.artifact, record.stacker = _art(path, tmp_path), str(kind)  # type: ignore[assignment]
     engine = open_ensemble(tmp_path, record, rungs, CLASSES, threads=2)
     assert engine.run(np.zeros((2, 1, 4, 4), np.float32))[0].shape == (2, CLASSES)
+    assert engine._pool is not None  # a thread for each member: side by side
+    engine.close()
+    engine = open_ensemble(tmp_path, record, rungs, CLASSES, threads=1)
+    assert engine._pool is None  # one thread for two members: in turn
     engine.close()
     shutil.copy(members[1], members[0])  # a member replaced on disk
     with pytest.raises(ArtifactError):
