@@ -95,7 +95,9 @@ class EnsembleEngine(EngineBase):
     within the ensemble's thread budget (engines.factory.concurrent_members). With one thread for a three-member
     INT8 ensemble on 2 vCPUs (2026-11-25, batch 1): in one process, the same p50 in turn as side by side and a
     shorter tail (p99 0.38 vs 0.48 ms; with one busy core beside, p50 0.34 vs 0.39 ms); through the server at
-    concurrency 1 (bench.loose), client p50 0.795 vs 0.903 ms and p99 1.19 vs 1.40 ms.
+    concurrency 1 (bench.loose), client p50 0.795 vs 0.903 ms and p99 1.19 vs 1.40 ms. The cost: at batch 32 on an
+    idle machine, in turn is slower (build table p50 7.5 vs 5.4 ms), the pool having borrowed an idle core beyond
+    the budget.
 
     The service applies softmax to the last output, which recovers the stacker's probabilities exactly.
     """
