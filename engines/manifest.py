@@ -294,12 +294,20 @@ def accuracy_stderr(accuracy: float, images: int) -> float:
     return math.sqrt(accuracy * (1.0 - accuracy) / images) if images > 0 else 0.0
 
 
-def paired_stderr(right_a: np.ndarray, right_b: np.ndarray) -> float:
-    """The standard error of the difference between two accuracies measured on the same images (per image: right
-    or not), sqrt(var(d) / n) with d = right_a - right_b. Two answers that agree on most images differ by far less
-    noise than either accuracy's own standard error (`accuracy_stderr`), so a consistent loss is told apart."""
-    d = np.asarray(right_a, np.float64) - np.asarray(right_b, np.float64)
-    return float(d.std() / math.sqrt(len(d))) if len(d) else 0.0
+def paired_stderrs(right: np.ndarray) -> np.ndarray:
+    """For records of which images each option answers right (rows of a bool matrix, one per option, on the same
+    images), the standard error of the difference between every two accuracies: sqrt(var(d) / n) with d = right_a -
+    right_b per image, var(d) = the share of images they disagree on - (p_a - p_b)^2. Two options that agree on most
+    images differ by far less noise than either accuracy's own standard error (`accuracy_stderr`), so a consistent
+    loss is told apart."""
+    r = np.asarray(right, np.float64)
+    n = r.shape[1]
+    if not n:
+        return np.zeros((len(r), len(r)))
+    hits = r.sum(axis=1)
+    p = hits / n
+    var = (hits[:, None] + hits[None, :] - 2 * (r @ r.T)) / n - (p[:, None] - p[None, :]) ** 2
+    return np.sqrt(np.maximum(var, 0.0) / n)
 
 
 def pack_right(right: np.ndarray) -> str:

@@ -14,7 +14,6 @@ from loadtest.summary import Record
 
 # front: every option the server serves (rungs, ensembles and cascades off no one's shadow), each as `fixed`
 POLICY_NAMES = ("auto", "static", "cascade", "front", "baseline")
-OTHER_POLICIES = ("fixed-fast", "fixed-best", "auto-bare", "auto-unloaded", "auto-most-accurate")
 CAPACITY_ATTAINMENT = 0.99
 EXPAND_STEPS, BISECTIONS = 6, 3  # the capacity search's bound: at most 9 short runs per policy
 

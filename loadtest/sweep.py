@@ -35,7 +35,6 @@ from loadtest.results import (
     BISECTIONS,
     CAPACITY_ATTAINMENT,
     EXPAND_STEPS,
-    OTHER_POLICIES,
     POLICY_NAMES,
     Capacity,
     Cell,
@@ -78,8 +77,8 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     the lowest p99 at batch 1; fixed-best: the highest val accuracy; fixed:NAME: the ladder's option NAME (a rung,
     ensemble or cascade; a dominated rung is loaded when first asked for); auto-bare, auto-unloaded and
     auto-most-accurate: auto on a second Anytime server without caution, without the load budget or without ties
-    (SECOND_SERVERS), for a side-by-side
-    comparison; baseline: loadtest/baseline.py. An unknown name raises ValueError."""
+    (SECOND_SERVERS), for a side-by-side comparison; baseline: loadtest/baseline.py. An unknown name raises
+    ValueError."""
     specs = []
     for name in names:
         if name in ("auto", "cascade", "static"):
@@ -102,7 +101,7 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
                 raise ValueError(f"{name!r}: the ladder has no option {plan!r}; see GET /v1/ladder or ladder.json")
             specs.append(PolicySpec(name, "fixed", plan))
         else:
-            choices = ", ".join((*POLICY_NAMES, *OTHER_POLICIES, "fixed:NAME"))
+            choices = ", ".join((*POLICY_NAMES, "fixed-fast", "fixed-best", *SECOND_SERVERS, "fixed:NAME"))
             raise ValueError(f"unknown sweep policy {name!r}; choose from {choices}")
     return specs
 

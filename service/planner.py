@@ -21,7 +21,16 @@ from itertools import accumulate
 
 import numpy as np
 
-from engines.manifest import Cascade, Ensemble, Ladder, MemberCascade, Rung, accuracy_stderr, unpack_right
+from engines.manifest import (
+    Cascade,
+    Ensemble,
+    Ladder,
+    MemberCascade,
+    Rung,
+    accuracy_stderr,
+    paired_stderrs,
+    unpack_right,
+)
 from models.compat import StrEnum
 from service.caution import Caution
 from service.errors import DeadlineInfeasible, OutOfService, UnknownRung
@@ -97,7 +106,7 @@ def _stage_option(c: Cascade) -> Option:
     # Without recorded depths, only the whole cascade is credited (a shorter run answers, but unmeasured).
     by_depth = list(c.val_accuracy_by_depth) or [0.0] * (k - 1) + [c.val_accuracy]
     reach = _reach(c.expected_exit_share, k)
-    right = list(c.val_right_by_depth) if c.val_accuracy_by_depth else []
+    right = list(c.val_right_by_depth)
     return Option(c.name, PlanKind.STAGES, list(c.stages), by_depth, list(c.thresholds), [], True, reach, right)
 
 
@@ -120,7 +129,7 @@ class Ties:
     """Which val accuracies count as equal: within `tie_se` standard errors of the difference.
 
     Where the ladder records which val images each option (at each depth) answers right, the standard error is the
-    paired one (engines.manifest.paired_stderr), computed for every pair once, here: two options that agree on
+    paired one (engines.manifest.paired_stderrs), computed for every pair once, here: two options that agree on
     most images are told apart by a far smaller difference than either accuracy's own standard error. Otherwise,
     and for ladders built before the records, it is the binomial standard error of the better accuracy,
     sqrt(p (1 - p) / n)."""
@@ -134,12 +143,8 @@ class Ties:
                 for depth, packed in enumerate(o.right_by_depth, 1):
                     self.row[(o.name, depth)] = len(rows)
                     rows.append(unpack_right(packed, images))
-        if rows:  # var(a - b) = discordant share - (p_a - p_b)^2; the discordant counts from one product
-            r = np.asarray(rows, np.float64)
-            right, both = r.sum(axis=1), r @ r.T
-            p = right / images
-            var = (right[:, None] + right[None, :] - 2 * both) / images - (p[:, None] - p[None, :]) ** 2
-            self.se = np.sqrt(np.maximum(var, 0.0) / images)
+        if rows:
+            self.se = paired_stderrs(np.asarray(rows))
 
     def margin(self, accuracy: float, a: tuple[str, int], b: tuple[str, int]) -> float:
         """How far below `accuracy` (option a's, at its depth) option b may be and still count as equal to a."""

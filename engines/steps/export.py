@@ -18,8 +18,7 @@ from torch.overrides import TorchFunctionMode
 from engines.backends.onnxruntime import OnnxRuntimeEngine
 from engines.base import Precision
 from engines.steps.context import BuildContext
-from engines.steps.graphs import Graph
-from engines.steps.modules import ExitGraph, MirrorGraph, StageGraph
+from engines.steps.graphs import Graph, graph_module
 from engines.steps.parallel import run_steps
 
 EXPORT_TOLERANCE = 1e-4  # max abs logit difference, FP32 ONNX Runtime vs torch
@@ -180,13 +179,8 @@ def _model(checkpoint: str) -> Any:
 
 
 def run_export_job(job: ExportJob) -> None:
-    model = _model(job.checkpoint)
     g = job.graph
-    if g.kind == "member":
-        module = MirrorGraph(model) if g.mirror else model
-    else:
-        module = StageGraph(model, g.exit) if g.kind == "stage" else ExitGraph(model, g.exit, g.cut)
-    export_graph(module, g.item_shape, Path(job.path), g.outputs)
+    export_graph(graph_module(g, _model(job.checkpoint)), g.item_shape, Path(job.path), g.outputs)
 
 
 def export_key(ctx: BuildContext, g: Graph) -> dict[str, Any]:

@@ -178,8 +178,13 @@ def plan_graphs(inputs: Inputs, cuts: list[tuple[str, ...]], base: bool = True) 
 
 def module(model: Any, g: Graph, members: dict[str, Member]) -> Any:
     """The torch module that computes graph `g` (an nn.Module)."""
+    return graph_module(g, members[g.name].model if g.kind == "member" else model)
+
+
+def graph_module(g: Graph, network: Any) -> Any:
+    """The torch module that computes graph `g` from `network`: the main model, or a member graph's own network."""
     from engines.steps.modules import ExitGraph, MirrorGraph, StageGraph
 
     if g.kind == "member":
-        return MirrorGraph(members[g.name].model) if g.mirror else members[g.name].model
-    return StageGraph(model, g.exit) if g.kind == "stage" else ExitGraph(model, g.exit, g.cut)
+        return MirrorGraph(network) if g.mirror else network
+    return StageGraph(network, g.exit) if g.kind == "stage" else ExitGraph(network, g.exit, g.cut)

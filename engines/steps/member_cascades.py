@@ -11,7 +11,7 @@ an accuracy bound on 5,000 val images picked thresholds where val happened to lo
 0.15-0.2 pp; the agreement rate carried over to test: 0.12 % of test answers differed where val allowed 0.1 %.)
 The cascades kept are drawn from those no other beats on both val accuracy and expected cost, as `auto` chooses
 among them (service/planner.py): val accuracies within `tie_se` paired standard errors (of the difference, over
-the same val images: engines.manifest.paired_stderr) of the most accurate count as equal, and of such a group only
+the same val images: engines.manifest.paired_stderrs) of the most accurate count as equal, and of such a group only
 the cheapest is kept; then the next group below it, up to `keep` cascades. Each kept cascade records which val
 images it answers right at each depth, for the planner's paired ties. (On
 the ladder of 2026-11-25 the five most accurate of the 9 on the front lay within 0.06 pp of val accuracy, 3
@@ -35,7 +35,7 @@ import numpy as np
 from engines.base import Backend, Engine, softmax
 from engines.ensemble import soft_vote
 from engines.factory import open_engine
-from engines.manifest import Ensemble, MemberCascade, Rung, pack_right, paired_stderr
+from engines.manifest import Ensemble, MemberCascade, Rung, pack_right, paired_stderrs
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import engine_logits
 
@@ -61,7 +61,7 @@ class Found:
     val_full_accuracy: float  # every member run
     val_exit_share: list[float]
     expected_ms: float  # on val, from the members' batch-1 p50
-    val_right: np.ndarray  # per val image: answered right (bool), for paired comparisons between cascades
+    val_right_by_depth: list[np.ndarray]  # per val image, answered right (bool) when at most j members run
 
 
 def _steps(probs: Mapping[str, np.ndarray], order: Sequence[str]) -> list[np.ndarray]:
@@ -142,9 +142,9 @@ def search(
             if chosen is None:
                 continue
             thresholds, accuracy, cost, shares = chosen
-            by_depth = [float((simulate(steps, thresholds, d)[1] == labels).mean()) for d in range(1, k + 1)]
+            right = [simulate(steps, thresholds, d)[1] == labels for d in range(1, k + 1)]
+            by_depth = [float(r.mean()) for r in right]
             full = float((steps[-1].argmax(axis=1) == labels).mean())
-            right = simulate(steps, thresholds)[1] == labels
             found.append(Found(order, thresholds, accuracy, by_depth, full, shares, cost, right))
     return front(found, config.keep, config.tie_se)
 
@@ -163,15 +163,18 @@ def front(found: list[Found], keep: int, tie_se: float = 0.0) -> list[Found]:
             for g in found
         )
     ]
-    rest, kept = sorted(on_front, key=lambda f: (-f.val_accuracy, f.expected_ms)), list[Found]()
+    if not on_front:
+        return []
+    rest = sorted(range(len(on_front)), key=lambda i: (-on_front[i].val_accuracy, on_front[i].expected_ms))
+    se = paired_stderrs(np.asarray([f.val_right_by_depth[-1] for f in on_front]))
+    accuracy = [f.val_accuracy for f in on_front]
+    kept: list[int] = []
     while rest and len(kept) < keep:
         head = rest[0]
-        group = [
-            f for f in rest if head.val_accuracy - f.val_accuracy <= tie_se * paired_stderr(head.val_right, f.val_right)
-        ]
-        kept.append(min(group, key=lambda f: f.expected_ms))
-        rest = [f for f in rest if not any(f is g for g in group)]
-    return kept
+        group = [i for i in rest if accuracy[head] - accuracy[i] <= tie_se * se[head, i]]
+        kept.append(min(group, key=lambda i: on_front[i].expected_ms))
+        rest = [i for i in rest if i not in group]
+    return [on_front[i] for i in kept]
 
 
 def candidates(rungs: list[Rung], bases: list[Rung]) -> list[Rung]:
@@ -244,8 +247,6 @@ def build_member_cascades(
         members = [by_name[m] for m in f.order]
         test_steps = _steps({m: softmax(logits[m]["test"].astype(np.float64)) for m in f.order}, f.order)
         at, preds = simulate(test_steps, f.thresholds)
-        val_steps = _steps({m: softmax(logits[m]["val"].astype(np.float64)) for m in f.order}, f.order)
-        right = [simulate(val_steps, f.thresholds, d)[1] == val.labels for d in range(1, len(f.order) + 1)]
         key = {
             "members": [m.artifact.sha256 for m in members],
             "thresholds": f.thresholds,
@@ -272,7 +273,7 @@ def build_member_cascades(
                 val_accuracy=f.val_accuracy,
                 test_accuracy=float((preds == test.labels).mean()),
                 val_accuracy_by_depth=f.val_accuracy_by_depth,
-                val_right_by_depth=[pack_right(r) for r in right],
+                val_right_by_depth=[pack_right(r) for r in f.val_right_by_depth],
                 test_exit_share=(np.bincount(at, minlength=len(f.order)) / len(at)).tolist(),
                 test_mean_ms=mean_ms,
                 test_p99_ms=p99_ms,

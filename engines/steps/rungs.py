@@ -69,6 +69,7 @@ def make_rung(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConf
     record = measured(ctx, g, kind, config)
     logits = engine_logits(ctx, ctx.out / kind.artifact(g), kind.backend, kind.precision, ("val", "test"))
     member = ctx.inputs.members.get(g.name) if g.kind == "member" else None
+    val = ctx.inputs.split("val").labels
     return Rung(
         **record,
         kind=g.kind if g.kind in ("cut", "member") else "exit",
@@ -76,9 +77,9 @@ def make_rung(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConf
         model=member.checkpoint.model_name if member else None,
         mirror=g.mirror,
         cut=list(g.cut),
-        val_accuracy=accuracy(logits["val"], ctx.inputs.split("val").labels),
+        val_accuracy=accuracy(logits["val"], val),
         test_accuracy=accuracy(logits["test"], ctx.inputs.split("test").labels),
-        val_right_by_depth=[pack_right(logits["val"].argmax(axis=1) == ctx.inputs.split("val").labels)],
+        val_right_by_depth=[pack_right(logits["val"].argmax(axis=1) == val)],
     )
 
 

@@ -79,7 +79,7 @@ def test_a_looser_bound_is_never_dearer() -> None:
 
 def _found(name: str, ms: float, right: np.ndarray) -> Found:
     acc = float(right.mean())
-    return Found((name, "x"), [0.9], acc, [acc, acc], acc, [0.9, 0.1], ms, right)
+    return Found((name, "x"), [0.9], acc, [acc, acc], acc, [0.9, 0.1], ms, [right, right])
 
 
 def _right(first: int, last: int, n: int = 5000, wrong: tuple[int, ...] = ()) -> np.ndarray:
