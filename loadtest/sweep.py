@@ -53,6 +53,7 @@ SECOND_SERVERS = {
     "auto-bare": {"ANYTIME_AUTO_CAUTION": "false"},  # service/caution.py off
     "auto-unloaded": {"ANYTIME_AUTO_UTILIZATION": "0"},  # service/load.py off
     "auto-most-accurate": {"ANYTIME_AUTO_TIE_SE": "0"},  # no ties: always the most accurate option that fits
+    "auto-server-late": {"ANYTIME_AUTO_CAUTION_SLACK_MS": "0"},  # caution counts only answers late at the server
 }  # capacity: >= 95 % answered 200 within 100 ms at the client
 
 

@@ -29,6 +29,14 @@ class Settings(BaseSettings):
     auto_caution: bool = Field(
         True, description="auto inflates its predictions after late answers (service/caution.py); off: bare"
     )
+    auto_caution_slack_ms: float = Field(
+        0.5,
+        ge=0,
+        le=1000,
+        description="auto's caution counts an answer ready less than this before its deadline as late: what follows "
+        "the server's clock (sending, the client reading) can still make it late at the client; 0: only answers "
+        "late at the server count",
+    )
     auto_utilization: float = Field(
         0.7,
         ge=0,

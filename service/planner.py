@@ -164,9 +164,12 @@ class Planner:
         caution: Caution | None = None,
         budget: Budget | None = None,
         tie_se: float = 0.0,
+        caution_slack_ms: float = 0.0,
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
         self.caution = caution  # None: auto plans on the bare predictions
+        # An answer ready less than this before its deadline counts as late for auto's caution (service/caution.py).
+        self.caution_slack_ms = caution_slack_ms
         self.budget = budget  # None: auto ignores the load (service/load.py)
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
         rungs = [_rung_option(r, include_dominated) for r in answers]
@@ -199,10 +202,11 @@ class Planner:
         """How far this policy's predictions are inflated now: auto's caution, else 1."""
         return self.caution.factor if policy is Policy.AUTO and self.caution is not None else 1.0
 
-    def observe(self, plan: Plan, late: bool) -> None:
-        """An answer planned by `plan` was given on time or late (or expired before it could run)."""
+    def observe(self, plan: Plan, slack_ms: float) -> None:
+        """An answer planned by `plan` was ready `slack_ms` before its deadline (negative: after it; -inf: it
+        expired before it could run)."""
         if plan.policy is Policy.AUTO and self.caution is not None:
-            self.caution.observe(late)
+            self.caution.observe(slack_ms < self.caution_slack_ms)
 
     def _predicted(self, engine: str, memo: dict[str, float]) -> float:
         if engine not in memo:

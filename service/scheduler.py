@@ -288,7 +288,7 @@ class Scheduler:
                 return True
             except ApiError:
                 job.error = DeadlineExpired(f"{max(time_left, 0.0):.2f} ms were left after queueing: no rung fits")
-                self.planner.observe(job.plan, late=True)
+                self.planner.observe(job.plan, -math.inf)
         self._finish(job)
         return False
 

@@ -57,7 +57,7 @@ def _cautious_planner(factor_log_steps: int) -> Planner:
     caution = Caution(step=1.0, ceiling=64.0)  # each late answer doubles the factor
     planner = Planner(ladder, LatencyPredictor([*ladder.stages, *ladder.rungs]), margin_ms=1.0, caution=caution)
     for _ in range(factor_log_steps):
-        planner.observe(Plan(Policy.AUTO, "fast", ["fast"]), late=True)
+        planner.observe(Plan(Policy.AUTO, "fast", ["fast"]), -1.0)
     return planner
 
 
@@ -81,7 +81,7 @@ def test_caution_touches_only_auto() -> None:
     assert planner.factor(Policy.AUTO) == pytest.approx(8.0)
     assert all(planner.factor(p) == 1.0 for p in (Policy.STATIC, Policy.CASCADE, Policy.FIXED))
     assert planner.plan(Policy.CASCADE, 70.0, 0.0, OnInfeasible.REJECT).name == "cascade"
-    planner.observe(Plan(Policy.STATIC, "fast", ["fast"]), late=True)  # another policy's late answer: no change
+    planner.observe(Plan(Policy.STATIC, "fast", ["fast"]), -1.0)  # another policy's late answer: no change
     assert planner.factor(Policy.AUTO) == pytest.approx(8.0)
     assert (
         _cautious_planner(0).caution is not None
@@ -128,7 +128,7 @@ def test_auto_answers_move_caution_where_they_are_sent(ladder_dir: Path, fmnist:
             time.sleep(0.1)
         planner = app.state.runtime.planner
         planner.caution = Caution(step=1.0, target=0.25)  # up x2 per late answer, down x2 per three on time
-        planner.observe(Plan(Policy.AUTO, "any", ["any"]), late=True)
+        planner.observe(Plan(Policy.AUTO, "any", ["any"]), -1.0)
         on_time = client.post("/v1/classify", json={"image": image, "deadline_ms": 5000})
         assert on_time.status_code == 200 and on_time.json()["deadline_met"]
         assert planner.factor(Policy.AUTO) == pytest.approx(2 ** (2 / 3))
