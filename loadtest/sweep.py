@@ -76,9 +76,10 @@ def _plan_names(ladder: Ladder) -> set[str]:
 def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     """auto, static, cascade; front: a fixed column per served option; fixed-fast: the non-dominated rung with
     the lowest p99 at batch 1; fixed-best: the highest val accuracy; fixed:NAME: the ladder's option NAME (a rung,
-    ensemble or cascade; a dominated rung is loaded when first asked for); auto-bare, auto-unloaded and
-    auto-most-accurate: auto on a second Anytime server without caution, without the load budget or without ties
-    (SECOND_SERVERS), for a side-by-side comparison; baseline: loadtest/baseline.py. An unknown name raises
+    ensemble or cascade; a dominated rung is loaded when first asked for); auto-bare, auto-unloaded,
+    auto-most-accurate and auto-server-late: auto on a second Anytime server without caution, without the load
+    budget, without ties, or with caution counting only answers late at the server (SECOND_SERVERS), for a
+    side-by-side comparison; baseline: loadtest/baseline.py. An unknown name raises
     ValueError."""
     specs = []
     for name in names:
