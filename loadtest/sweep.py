@@ -79,8 +79,7 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     ensemble or cascade; a dominated rung is loaded when first asked for); auto-bare, auto-unloaded,
     auto-most-accurate and auto-server-late: auto on a second Anytime server without caution, without the load
     budget, without ties, or with caution counting only answers late at the server (SECOND_SERVERS), for a
-    side-by-side comparison; baseline: loadtest/baseline.py. An unknown name raises
-    ValueError."""
+    side-by-side comparison; baseline: loadtest/baseline.py. An unknown name raises ValueError."""
     specs = []
     for name in names:
         if name in ("auto", "cascade", "static"):

@@ -37,9 +37,12 @@ CEILING = 16.0  # the factor never exceeds this (it would then pick the fastest 
 
 
 class Caution:
-    def __init__(self, target: float = TARGET_LATE, step: float = STEP, ceiling: float = CEILING) -> None:
-        if not 0.0 < target < 1.0 or step <= 0.0 or ceiling < 1.0:
-            raise ValueError("caution needs 0 < target < 1, step > 0 and ceiling >= 1")
+    def __init__(
+        self, target: float = TARGET_LATE, step: float = STEP, ceiling: float = CEILING, slack_ms: float = 0.0
+    ) -> None:
+        if not 0.0 < target < 1.0 or step <= 0.0 or ceiling < 1.0 or slack_ms < 0.0:
+            raise ValueError("caution needs 0 < target < 1, step > 0, ceiling >= 1 and slack_ms >= 0")
+        self.slack_ms = slack_ms  # an answer ready less than this before its deadline counts as late
         self._up = math.log1p(step)
         self._down = self._up * target / (1.0 - target)
         self._ceiling = math.log(ceiling)
@@ -48,6 +51,11 @@ class Caution:
     @property
     def factor(self) -> float:
         return math.exp(self._log)
+
+    def answered(self, slack_ms: float) -> None:
+        """One answer of `auto`, ready `slack_ms` before its deadline (negative: after it; -inf: it expired in the
+        queue): late when that is under the slack."""
+        self.observe(slack_ms < self.slack_ms)
 
     def observe(self, late: bool) -> None:
         """One answer of `auto`: late (after its deadline, or expired in the queue) or on time."""

@@ -164,12 +164,9 @@ class Planner:
         caution: Caution | None = None,
         budget: Budget | None = None,
         tie_se: float = 0.0,
-        caution_slack_ms: float = 0.0,
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
         self.caution = caution  # None: auto plans on the bare predictions
-        # An answer ready less than this before its deadline counts as late for auto's caution (service/caution.py).
-        self.caution_slack_ms = caution_slack_ms
         self.budget = budget  # None: auto ignores the load (service/load.py)
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
         rungs = [_rung_option(r, include_dominated) for r in answers]
@@ -206,7 +203,7 @@ class Planner:
         """An answer planned by `plan` was ready `slack_ms` before its deadline (negative: after it; -inf: it
         expired before it could run)."""
         if plan.policy is Policy.AUTO and self.caution is not None:
-            self.caution.observe(slack_ms < self.caution_slack_ms)
+            self.caution.answered(slack_ms)
 
     def _predicted(self, engine: str, memo: dict[str, float]) -> float:
         if engine not in memo:

@@ -53,7 +53,7 @@ class Runtime:
             r.name: r for r in [*self.ladder.stages, *self.ladder.rungs, *self.ladder.ensembles]
         }
         self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
-        caution = Caution() if settings.auto_caution else None
+        caution = Caution(slack_ms=settings.auto_caution_slack_ms) if settings.auto_caution else None
         budget = Budget(settings.auto_utilization) if settings.auto_utilization > 0 else None
         self.planner = Planner(
             self.ladder,
@@ -63,7 +63,6 @@ class Runtime:
             caution,
             budget,
             settings.auto_tie_se,
-            settings.auto_caution_slack_ms,
         )
         metrics.caution.set_function(lambda: self.planner.factor(Policy.AUTO))
         if budget is not None:

@@ -80,7 +80,7 @@ def test_auto_under_caution_takes_a_cheaper_option_but_is_never_refused_for_it()
 def test_an_answer_ready_within_the_slack_counts_as_late_for_caution() -> None:
     ladder = _auto_ladder()
     predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
-    near = Planner(ladder, predictor, margin_ms=1.0, caution=Caution(step=1.0), caution_slack_ms=0.5)
+    near = Planner(ladder, predictor, margin_ms=1.0, caution=Caution(step=1.0, slack_ms=0.5))
     plan = Plan(Policy.AUTO, "fast", ["fast"])
     near.observe(plan, 0.6)  # 0.6 ms to spare: on time
     assert near.factor(Policy.AUTO) == 1.0
@@ -88,7 +88,7 @@ def test_an_answer_ready_within_the_slack_counts_as_late_for_caution() -> None:
     assert near.factor(Policy.AUTO) == pytest.approx(2.0)
     near.observe(plan, -math.inf)  # expired in the queue
     assert near.factor(Policy.AUTO) == pytest.approx(4.0)
-    bare = Planner(ladder, predictor, margin_ms=1.0, caution=Caution(step=1.0), caution_slack_ms=0.0)
+    bare = Planner(ladder, predictor, margin_ms=1.0, caution=Caution(step=1.0, slack_ms=0.0))
     bare.observe(plan, 0.4)  # without a slack only answers late at the server count
     assert bare.factor(Policy.AUTO) == 1.0
     bare.observe(plan, -0.1)
