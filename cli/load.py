@@ -78,7 +78,7 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
         help="auto, static, cascade; front: every served option as fixed; fixed-fast: the rung with the lowest "
         "p99 at batch 1; fixed-best: the highest val accuracy; auto-bare / auto-unloaded / auto-most-accurate / "
         "auto-server-late: auto without caution / without the load budget / without ties / with caution counting "
-        "only answers late at the server, on a second server (side by side); "
+        "only answers late at the server, each on a server of its own as auto is (side by side); "
         "fixed:NAME: the ladder's option NAME; "
         "baseline: the plain server of loadtest/baseline.py (default: %(default)s)",
     )

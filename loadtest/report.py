@@ -228,8 +228,9 @@ def _method(result: SweepResult) -> list[str]:
         f"images in a seeded order: repeat k draws seed {c.seed} + k for its arrivals and its images, so every cell "
         "of one repeat sends the same images and each repeat other ones; PNG-encoded before the run, sent by one "
         "asyncio client over a pre-warmed pool of keep-alive connections (`loadtest/http.py`); every answer is "
-        "scored against its label. One server process serves all cells in turn, so its online latency estimates "
-        "carry over between cells.",
+        "scored against its label. `auto` and each `auto-*` column run on an Anytime server of their own; static, "
+        "cascade and the fixed columns share one. A server serves its cells in turn, so its online estimates "
+        "(engine times, arrival rate, caution) carry over between its cells.",
         "",
         f"Figures: {METHOD}",
     ]

@@ -22,10 +22,10 @@ EXPAND_STEPS, BISECTIONS = 6, 3  # the capacity search's bound: at most 9 short 
 class PolicySpec:
     """One column of the sweep: what the load generator sends, and to which server."""
 
-    label: str  # auto, static, cascade, fixed:<option>, fixed-fast, fixed-best, a SECOND_SERVERS name, baseline
+    label: str  # auto, static, cascade, fixed:<option>, fixed-fast, fixed-best, an OWN_SERVERS name, baseline
     policy: str  # the request's `policy` field (the baseline ignores it)
     rung: str | None = None
-    server: str = "anytime"  # anytime; a SECOND_SERVERS name: another Anytime server (loadtest/sweep.py); baseline
+    server: str = "anytime"  # anytime; an OWN_SERVERS name: an Anytime server of its own (loadtest/sweep.py); baseline
 
     @property
     def baseline(self) -> bool:

@@ -48,8 +48,14 @@ from loadtest.summary import METHOD, Record, summarize, write_records
 from models.data import PreprocessSpec, Split
 
 KEEP_UP_DEADLINE_MS, KEEP_UP_SHARE = 100.0, 0.95
-# Columns served by an Anytime server of their own, started with these settings (auto with a feedback off).
-SECOND_SERVERS = {
+# Columns served by an Anytime server of their own, started with these settings: auto, and auto with a feedback
+# off or changed. A server's online estimates (engine times, the arrival rate, caution, its own path's time) are
+# set by the cells it serves in turn; on the server of static, cascade and the fixed columns, auto inherited theirs.
+# Measured in the sweep of 2026-11-25 (`reports/sweep-slack`, auto on that shared server): at 10 ms, the most
+# accurate cascade gave 87 % of auto's first 150 answers of a cell (47 % in the worst of 12) and 100 % of its last
+# 150, while the same auto on a server of its own gave it 100 % from the first answers (2026-11-26).
+OWN_SERVERS = {
+    "auto": {},
     "auto-bare": {"ANYTIME_AUTO_CAUTION": "false"},  # service/caution.py off
     "auto-unloaded": {"ANYTIME_AUTO_UTILIZATION": "0"},  # service/load.py off
     "auto-most-accurate": {"ANYTIME_AUTO_TIE_SE": "0"},  # no ties: always the most accurate option that fits
@@ -77,12 +83,15 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     """auto, static, cascade; front: a fixed column per served option; fixed-fast: the non-dominated rung with
     the lowest p99 at batch 1; fixed-best: the highest val accuracy; fixed:NAME: the ladder's option NAME (a rung,
     ensemble or cascade; a dominated rung is loaded when first asked for); auto-bare, auto-unloaded,
-    auto-most-accurate and auto-server-late: auto on a second Anytime server without caution, without the load
-    budget, without ties, or with caution counting only answers late at the server (SECOND_SERVERS), for a
-    side-by-side comparison; baseline: loadtest/baseline.py. An unknown name raises ValueError."""
+    auto-most-accurate and auto-server-late: auto without caution, without the load budget, without ties, or with
+    caution counting only answers late at the server, for a side-by-side comparison (auto and each of these run on
+    an Anytime server of its own: OWN_SERVERS); baseline: loadtest/baseline.py. An unknown name raises ValueError.
+    """
     specs = []
     for name in names:
-        if name in ("auto", "cascade", "static"):
+        if name in OWN_SERVERS:
+            specs.append(PolicySpec(name, "auto", server=name))
+        elif name in ("cascade", "static"):
             specs.append(PolicySpec(name, name))
         elif name == "front":
             specs += [PolicySpec(f"fixed:{plan}", "fixed", plan) for plan in served_plans(ladder)]
@@ -94,15 +103,13 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
             specs.append(PolicySpec(name, "fixed", rung.name))
         elif name == "baseline":
             specs.append(PolicySpec(name, "baseline", baseline_rung(ladder.model_dump(mode="json")), server="baseline"))
-        elif name in SECOND_SERVERS:
-            specs.append(PolicySpec(name, "auto", server=name))
         elif name.startswith("fixed:"):
             plan = name.removeprefix("fixed:")
             if plan not in _plan_names(ladder):
                 raise ValueError(f"{name!r}: the ladder has no option {plan!r}; see GET /v1/ladder or ladder.json")
             specs.append(PolicySpec(name, "fixed", plan))
         else:
-            choices = ", ".join((*POLICY_NAMES, "fixed-fast", "fixed-best", *SECOND_SERVERS, "fixed:NAME"))
+            choices = ", ".join(dict.fromkeys((*POLICY_NAMES, "fixed-fast", "fixed-best", *OWN_SERVERS, "fixed:NAME")))
             raise ValueError(f"unknown sweep policy {name!r}; choose from {choices}")
     return specs
 
@@ -270,10 +277,10 @@ def keep_up_capacity(runner: _Runner, spec: PolicySpec, start: float) -> Capacit
 @contextmanager
 def _servers(ladder_dir: Path, servers: set[str]) -> Iterator[dict[str, str]]:
     """The servers the columns need, all started before the first cell; one takes load at a time, the others
-    idle (another Anytime server for each SECOND_SERVERS column: they then run the same cells, interleaved)."""
+    idle (an Anytime server of its own for each OWN_SERVERS column: they then run the same cells, interleaved)."""
     with ExitStack() as stack:
         urls = {"anytime": stack.enter_context(running_server(ladder_dir))}
-        for name, env in SECOND_SERVERS.items():
+        for name, env in OWN_SERVERS.items():
             if name in servers:
                 urls[name] = stack.enter_context(running_server(ladder_dir, **env))
         if "baseline" in servers:
@@ -301,7 +308,8 @@ def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
         runner = _Runner(config, split, urls)
         rates = config.rates
         if not rates:
-            load_capacity = keep_up_capacity(runner, PolicySpec("auto", "auto"), config.capacity_start)
+            auto = next((s for s in specs if s.label == "auto"), PolicySpec("auto", "auto"))
+            load_capacity = keep_up_capacity(runner, auto, config.capacity_start)
             if load_capacity.rate is None:
                 raise RuntimeError(f"no rate kept up, down to {config.capacity_start / 2**EXPAND_STEPS:g} req/s")
             rates = tuple(round(load_capacity.rate * p / 100, 1) for p in config.load)

@@ -358,6 +358,16 @@ def test_sweep_policies_name_a_fixed_option_or_are_refused_before_any_server_sta
     rung = ladder.rungs[0].name
     (spec,) = policy_specs(ladder, (f"fixed:{rung}",))
     assert (spec.label, spec.policy, spec.rung) == (f"fixed:{rung}", "fixed", rung)
+    # auto and each variant on a server of its own (their online estimates are their own cells'); the rest share one
+    specs = policy_specs(ladder, ("auto", "auto-bare", "static", "cascade", f"fixed:{rung}", "baseline"))
+    assert [(s.label, s.policy, s.server) for s in specs] == [
+        ("auto", "auto", "auto"),
+        ("auto-bare", "auto", "auto-bare"),
+        ("static", "static", "anytime"),
+        ("cascade", "cascade", "anytime"),
+        (f"fixed:{rung}", "fixed", "anytime"),
+        ("baseline", "baseline", "baseline"),
+    ]
     for bad, reason in (("fixed:no-such-rung", "no option 'no-such-rung'"), ("fastest", "unknown sweep policy")):
         out = ladder_dir.parent / "sweep-never-written"
         assert main(["sweep", "--ladder", str(ladder_dir), "--policies", f"auto,{bad}", "--out", str(out)]) == 2
