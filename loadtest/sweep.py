@@ -279,7 +279,7 @@ def _servers(ladder_dir: Path, servers: set[str]) -> Iterator[dict[str, str]]:
     """The servers the columns need, all started before the first cell; one takes load at a time, the others
     idle (an Anytime server of its own for each OWN_SERVERS column: they then run the same cells, interleaved)."""
     with ExitStack() as stack:
-        urls = {"anytime": stack.enter_context(running_server(ladder_dir))}
+        urls = {"anytime": stack.enter_context(running_server(ladder_dir))} if "anytime" in servers else {}
         for name, env in OWN_SERVERS.items():
             if name in servers:
                 urls[name] = stack.enter_context(running_server(ladder_dir, **env))
@@ -304,11 +304,12 @@ def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
     cells: list[Cell] = []
     capacity: list[Capacity] = []
     load_capacity = None
-    with _servers(config.ladder, {s.server for s in specs}) as urls:
+    # Without rates, auto's keep-up capacity on its own server sets them; a server no column needs is not started.
+    auto = next((s for s in specs if s.label == "auto"), PolicySpec("auto", "auto", server="auto"))
+    with _servers(config.ladder, {s.server for s in specs} | (set() if config.rates else {auto.server})) as urls:
         runner = _Runner(config, split, urls)
         rates = config.rates
         if not rates:
-            auto = next((s for s in specs if s.label == "auto"), PolicySpec("auto", "auto"))
             load_capacity = keep_up_capacity(runner, auto, config.capacity_start)
             if load_capacity.rate is None:
                 raise RuntimeError(f"no rate kept up, down to {config.capacity_start / 2**EXPAND_STEPS:g} req/s")
