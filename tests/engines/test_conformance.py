@@ -20,6 +20,7 @@ from engines.steps.export import convert_fp16
 from engines.steps.modules import ExitGraph
 from models.checkpoint import Checkpoint
 from models.data import FashionMNIST
+from tests.engines.gpu import needs_tensorrt
 
 
 @pytest.fixture(scope="module")
@@ -158,12 +159,6 @@ class TestTorchReference(EngineConformance):
         return TorchEngine(ExitGraph(model, k), (1, 28, 28), ["logits"])
 
 
-def _has_trt_gpu() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("tensorrt") is not None and torch.cuda.is_available()
-
-
 class _TensorRTConformance(EngineConformance):
     """Plans built from the ladder's own ONNX: FP16 by builder flag from the FP32 file, INT8 from the
     symmetric QDQ file."""
@@ -181,12 +176,12 @@ class _TensorRTConformance(EngineConformance):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_trt_gpu(), reason="needs tensorrt and a CUDA GPU")
+@needs_tensorrt
 class TestTensorRTFP16(_TensorRTConformance):
     precision, logit_tolerance = Precision.FP16, 0.05
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_trt_gpu(), reason="needs tensorrt and a CUDA GPU")
+@needs_tensorrt
 class TestTensorRTINT8(_TensorRTConformance):
     precision, logit_tolerance = Precision.INT8, None

@@ -4,7 +4,6 @@ plan rungs, and a plan cascade stopping early as its thresholds say."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from collections.abc import Iterator
@@ -18,18 +17,10 @@ import pytest
 from engines.base import ArtifactError, Backend, Precision, sha256_file, verify_artifact
 from engines.manifest import Ladder, load_ladder
 from models.data import FashionMNIST
+from tests.engines.gpu import needs_tensorrt
 from tests.engines.onnx_graphs import ITEM_SHAPE, tiny_calibration, tiny_graph
 
-
-def _has_trt_gpu() -> bool:
-    if importlib.util.find_spec("tensorrt") is None:
-        return False
-    import torch
-
-    return torch.cuda.is_available()
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _has_trt_gpu(), reason="needs tensorrt and a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, needs_tensorrt]
 
 
 def _trt_version() -> tuple[int, int]:
