@@ -52,6 +52,11 @@ class Settings(BaseSettings):
         "each val image) of the best reachable as equal and takes the cheapest of them (the one-standard-error "
         "rule); 0: always the most accurate",
     )
+    auto_quick_fallback: bool = Field(
+        True,
+        description="where caution leaves auto no option, the most accurate of the quickest first steps (typical time "
+        "within the quickest one's p99) answers; off: the quickest first step",
+    )
     warmup_runs: int = Field(5, ge=0)
     # The front door (service/server.py): what a slow or greedy client may hold.
     max_connections: int = Field(512, ge=1, description="open connections; more are answered 503 and closed")

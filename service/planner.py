@@ -8,7 +8,9 @@ it reaches within the steps that fit (`accuracy_by_depth`, measured on val by th
 
 Policies: `auto` (the default) takes, per request, the cheapest option whose accuracy within the time left
 is as good as the best's (within `tie_se` paired standard errors of val accuracy, `Ties`: the one-standard-error
-rule), its predictions inflated by the caution its late answers have built up (service/caution.py);
+rule), its predictions inflated by the caution its late answers have built up (service/caution.py); where
+caution leaves no option, the most accurate of the quickest first steps (typically no slower than the quickest
+one at its p99);
 `static` the most accurate single rung that fits whole; `cascade` the most accurate stage cascade;
 `fixed` the option the request names. The others stay for baselines.
 """
@@ -164,8 +166,10 @@ class Planner:
         caution: Caution | None = None,
         budget: Budget | None = None,
         tie_se: float = 0.0,
+        quick_fallback: bool = True,
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
+        self.quick_fallback = quick_fallback  # False: where nothing fits under caution, the fastest first step
         self.caution = caution  # None: auto plans on the bare predictions
         self.budget = budget  # None: auto ignores the load (service/load.py)
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
@@ -179,6 +183,7 @@ class Planner:
         # auto's resolution: val accuracies within tie_se standard errors of the best count as equal (0: none).
         self.ties = Ties(self.auto, ladder.split_sizes.get("val", 0), tie_se)
         self.out: set[str] = set()  # engines taken out of service (they failed)
+        self._quick: dict[frozenset[str], Option] = {}  # _quick_and_accurate's answer, per set of engines out
 
     def take_out(self, engine: str) -> None:
         """An engine failed: no plan uses it from now on."""
@@ -263,6 +268,20 @@ class Planner:
         tied = [r for r in reachable if best - r[0] <= self.ties.margin(best, a, (r[2].name, r[3]))]
         return min(tied, key=lambda r: (r[1], -r[0]))[2]
 
+    def _quick_and_accurate(self, options: list[Option]) -> Option:
+        """Where caution leaves auto no option: the most accurate first step among the quickest, those whose typical
+        time is within the quickest first step's p99. From the builder's profiles, not the online predictions: those
+        predict the engines not run lately from the others' slowdown, which overstates them and would lock the
+        choice in. Worked out once per set of engines in service."""
+        key = frozenset(self.out)
+        if key not in self._quick:
+            p50 = {o.name: self.predictor.profiled_p50(o.engines[0]) for o in options}
+            quickest = min(options, key=lambda o: p50[o.name])
+            within = self.predictor.prior(quickest.engines[0], 1)  # its p99
+            quick = [o for o in options if p50[o.name] <= within]
+            self._quick[key] = max(quick, key=lambda o: (o.accuracy_by_depth[0], -p50[o.name]))
+        return self._quick[key]
+
     def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
         """The quickest plan this policy allows and its predicted time to a first answer (ms)."""
         if policy is Policy.FIXED:
@@ -282,7 +301,8 @@ class Planner:
 
         auto: over every served option, the cheapest whose accuracy reachable in time is within `ties` of the
         best's, with the queue wait and each step's prediction multiplied by the caution factor (a cascade counts
-        for the steps that fit). static: the most accurate rung that fits whole. cascade: the most accurate stage
+        for the steps that fit); where none fits so, the most accurate quick first step (_quick_and_accurate), if
+        its bare prediction fits. static: the most accurate rung that fits whole. cascade: the most accurate stage
         cascade that fits whole, else the one whose first stage is quickest (it stops early when time runs
         out). fixed: the named option, if its first step fits.
         """
@@ -290,7 +310,12 @@ class Planner:
         if policy is Policy.AUTO:
             cautious = (time_left_ms - self.margin_ms) / self.factor(policy) - wait_ms  # factor x (wait + steps)
             cap = self.budget.ms() if self.budget is not None else float("inf")
-            chosen = self._best_within(self._usable(self.auto), cautious, cap)
+            usable = self._usable(self.auto)
+            chosen = self._best_within(usable, cautious, cap)
+            if chosen is None and self.quick_fallback and usable:
+                chosen = self._quick_and_accurate(usable)
+                if self.predictor.predict(chosen.engines[0]) > budget:
+                    chosen = None  # the fastest plan, or a refusal, below
             if chosen is not None:
                 return chosen.plan(policy)
         elif policy is Policy.STATIC:

@@ -63,6 +63,7 @@ class Runtime:
             caution,
             budget,
             settings.auto_tie_se,
+            settings.auto_quick_fallback,
         )
         metrics.caution.set_function(lambda: self.planner.factor(Policy.AUTO))
         if budget is not None:

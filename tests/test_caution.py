@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from engines.manifest import Rung
 from loadtest.harness import png_base64
 from models.data import FashionMNIST
 from service.app import create_app
@@ -22,7 +23,7 @@ from service.errors import DeadlineExpired, DeadlineInfeasible
 from service.planner import OnInfeasible, Plan, PlanKind, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job
-from tests.test_scheduler import _auto_ladder, _job, _setup
+from tests.test_scheduler import _auto_ladder, _job, _record, _setup
 
 
 def test_caution_rises_on_late_answers_and_falls_back_to_one_on_time() -> None:
@@ -75,6 +76,29 @@ def test_auto_under_caution_takes_a_cheaper_option_but_is_never_refused_for_it()
     assert plan.feasible and plan.engines[0] in {"fast", "m1"}
     with pytest.raises(DeadlineInfeasible):
         wary.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)  # the same refusal as without caution
+
+
+def test_where_caution_leaves_no_option_the_most_accurate_quick_first_step_answers() -> None:
+    # A "quick" rung (p50 0.95 ms, p99 1.045, val 0.70) beside fast and m1 (p50 1.0 ms, p99 1.1; fast 0.80, the
+    # member cascade 0.82 at its first step). Fast and m1 typically take no longer than quick at its p99: as quick.
+    ladder = _auto_ladder()
+    ladder.rungs.append(_record(Rung, "quick", 0.95, kind="exit", exit=1, val_accuracy=0.70, test_accuracy=0.7))
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+
+    def wary(quick_fallback: bool) -> Planner:
+        planner = Planner(
+            ladder, predictor, 1.0, caution=Caution(step=1.0, ceiling=64.0), quick_fallback=quick_fallback
+        )
+        for _ in range(6):  # factor 64: nothing fits under caution
+            planner.observe(Plan(Policy.AUTO, "quick", ["quick"]), -1.0)
+        return planner
+
+    assert wary(True).plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "members"
+    assert wary(False).plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "quick"  # the quickest, as before
+    # 1.07 ms after the margin: m1's bare p99 (1.1) does not fit, quick's (1.045) does: quick answers, not a refusal.
+    assert wary(True).plan(Policy.AUTO, 2.07, 0.0, OnInfeasible.REJECT).name == "quick"
+    with pytest.raises(DeadlineInfeasible):
+        wary(True).plan(Policy.AUTO, 2.0, 0.0, OnInfeasible.REJECT)  # refusals stay on the bare predictions
 
 
 def test_an_answer_ready_within_the_slack_counts_as_late_for_caution() -> None:
