@@ -1,5 +1,6 @@
 """Engine benchmark: per exit, latency ratios INT8/FP32, FP16/FP32 and BF16/FP32 at batch 1 and 32, and
-accuracy deltas, all measured in this one run on the built ladder.
+accuracy deltas, all measured in this one run on the built ladder; with the ladder's TensorRT plans (built with
+`--backend tensorrt`), their FP32, FP16 and INT8 latencies as ratios of ONNX Runtime FP32 on the CPU too.
 
 Method: each engine is loaded with the ladder's thread count, warmed up (20 runs), then timed for
 `--runs` calls on one random batch; figures are p50 wall times. The engines of one exit are measured
@@ -26,6 +27,9 @@ from engines.steps.measure import ProfileConfig, measure_latency
 from models.data import FashionMNIST, PreprocessSpec
 
 VARIANTS = [("fp32", "onnxruntime"), ("int8", "onnxruntime"), ("fp16", "onnxruntime"), ("bf16", "openvino")]
+# TensorRT plans are timed only where the ladder has them (`anytime build --backend tensorrt` on the GPU that runs
+# them): a plan is built for one GPU and TensorRT version, never here on the fly.
+PLANS = [("fp32", "tensorrt"), ("fp16", "tensorrt"), ("int8", "tensorrt")]
 
 
 def _open(directory: Path, ladder: Ladder, k: int, precision: str, backend: str) -> tuple[int, Engine] | None:
@@ -37,6 +41,8 @@ def _open(directory: Path, ladder: Ladder, k: int, precision: str, backend: str)
     if rec is not None:
         engine = open_engine(rec.backend, directory / rec.artifact.path, rec.precision, ladder.threads)
         return rec.artifact.bytes, engine
+    if backend == Backend.TENSORRT:
+        return None
     path = directory / f"exit{k}.fp32.onnx"
     if precision == "int8":
         path = directory / f"exit{k}.int8.onnx"
@@ -66,11 +72,18 @@ def main() -> None:
         f"{'delta pp':>9} {'MB':>6}"
     )
     last_fp32: dict[int, float] = {}
+    has_plans = any(r.backend is Backend.TENSORRT for r in ladder.rungs)
     for k in exits:
         engines = {}
-        for precision, backend in VARIANTS:
+        for precision, backend in VARIANTS + PLANS:
             opened = _open(args.ladder, ladder, k, precision, backend)
-            if opened is None:
+            if opened is None and backend == Backend.TENSORRT:
+                if not has_plans:  # a CPU ladder: said once per exit, not per precision
+                    if precision == PLANS[0][0]:
+                        print(f"{k:>4} {'tensorrt':<17} no plans in this ladder (anytime build --backend tensorrt)")
+                    continue
+                print(f"{k:>4} {precision + '/' + backend:<17} no plan of this exit in the ladder")
+            elif opened is None:
                 why = ladder.probe.reasons.get(precision, "") if ladder.probe else ""
                 print(f"{k:>4} {precision + '/' + backend:<17} not built on this machine (probe: {why})")
             else:

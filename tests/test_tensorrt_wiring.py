@@ -215,3 +215,21 @@ def test_plan_from_another_tensorrt_version_is_refused_substituted(plan_ladder_d
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_engine_benchmark_times_the_ladders_plans_substituted(
+    plan_ladder: Ladder, plan_ladder_dir: Path, ladder_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m bench.engines` opens each exit's plan rungs where the ladder has them, and none on a CPU ladder
+    (a plan is never built on the fly: it belongs to one GPU and TensorRT version)."""
+    from bench.engines import PLANS, _open
+    from tests.fakes.gpu import substitute
+
+    substitute(monkeypatch.setitem, monkeypatch.setattr)
+    for precision, backend in PLANS:
+        opened = _open(plan_ladder_dir, plan_ladder, 1, precision, backend)
+        assert opened is not None, precision
+        size, engine = opened
+        assert size == plan_ladder.rung(f"exit1.{precision}.tensorrt").artifact.bytes
+        assert engine.run(np.zeros((1, *plan_ladder.rung("exit1.fp32.onnxruntime").input_shape), np.float32))
+        assert _open(ladder_dir, load_ladder(ladder_dir), 1, precision, backend) is None
