@@ -75,13 +75,11 @@ def main() -> None:
     has_plans = any(r.backend is Backend.TENSORRT for r in ladder.rungs)
     for k in exits:
         engines = {}
-        for precision, backend in VARIANTS + PLANS:
+        if not has_plans:
+            print(f"{k:>4} {'tensorrt':<17} no plans in this ladder (anytime build --backend tensorrt)")
+        for precision, backend in VARIANTS + (PLANS if has_plans else []):
             opened = _open(args.ladder, ladder, k, precision, backend)
             if opened is None and backend == Backend.TENSORRT:
-                if not has_plans:  # a CPU ladder: said once per exit, not per precision
-                    if precision == PLANS[0][0]:
-                        print(f"{k:>4} {'tensorrt':<17} no plans in this ladder (anytime build --backend tensorrt)")
-                    continue
                 print(f"{k:>4} {precision + '/' + backend:<17} no plan of this exit in the ladder")
             elif opened is None:
                 why = ladder.probe.reasons.get(precision, "") if ladder.probe else ""

@@ -183,7 +183,7 @@ class Planner:
         # auto's resolution: val accuracies within tie_se standard errors of the best count as equal (0: none).
         self.ties = Ties(self.auto, ladder.split_sizes.get("val", 0), tie_se)
         self.out: set[str] = set()  # engines taken out of service (they failed)
-        self._quick: dict[frozenset[str], Option] = {}  # _quick_and_accurate's answer, per set of engines out
+        self._quick: dict[frozenset[str], Option | None] = {}  # _quick_and_accurate's, per set of engines out
 
     def take_out(self, engine: str) -> None:
         """An engine failed: no plan uses it from now on."""
@@ -268,18 +268,21 @@ class Planner:
         tied = [r for r in reachable if best - r[0] <= self.ties.margin(best, a, (r[2].name, r[3]))]
         return min(tied, key=lambda r: (r[1], -r[0]))[2]
 
-    def _quick_and_accurate(self, options: list[Option]) -> Option:
+    def _quick_and_accurate(self) -> Option | None:
         """Where caution leaves auto no option: the most accurate first step among the quickest, those whose typical
         time is within the quickest first step's p99. From the builder's profiles, not the online predictions: those
         predict the engines not run lately from the others' slowdown, which overstates them and would lock the
-        choice in. Worked out once per set of engines in service."""
+        choice in. Worked out once per set of engines out of service; None when auto has no option in service."""
         key = frozenset(self.out)
         if key not in self._quick:
+            options = self._usable(self.auto)
             p50 = {o.name: self.predictor.profiled_p50(o.engines[0]) for o in options}
-            quickest = min(options, key=lambda o: p50[o.name])
-            within = self.predictor.prior(quickest.engines[0], 1)  # its p99
-            quick = [o for o in options if p50[o.name] <= within]
-            self._quick[key] = max(quick, key=lambda o: (o.accuracy_by_depth[0], -p50[o.name]))
+            quickest = min(options, key=lambda o: p50[o.name], default=None)
+            if quickest is not None:
+                within = self.predictor.prior(quickest.engines[0], 1)  # its p99
+                quick = [o for o in options if p50[o.name] <= within]
+                quickest = max(quick, key=lambda o: (o.accuracy_by_depth[0], -p50[o.name]))
+            self._quick[key] = quickest
         return self._quick[key]
 
     def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
@@ -310,11 +313,10 @@ class Planner:
         if policy is Policy.AUTO:
             cautious = (time_left_ms - self.margin_ms) / self.factor(policy) - wait_ms  # factor x (wait + steps)
             cap = self.budget.ms() if self.budget is not None else float("inf")
-            usable = self._usable(self.auto)
-            chosen = self._best_within(usable, cautious, cap)
-            if chosen is None and self.quick_fallback and usable:
-                chosen = self._quick_and_accurate(usable)
-                if self.predictor.predict(chosen.engines[0]) > budget:
+            chosen = self._best_within(self._usable(self.auto), cautious, cap)
+            if chosen is None and self.quick_fallback:
+                chosen = self._quick_and_accurate()
+                if chosen is not None and self.predictor.predict(chosen.engines[0]) > budget:
                     chosen = None  # the fastest plan, or a refusal, below
             if chosen is not None:
                 return chosen.plan(policy)
