@@ -82,6 +82,7 @@ class LoadConfig:
     timeout_s: float = 10.0  # a request with no answer by then is recorded as client_timeout
     seed: int = 0
     body: str = "json"  # json: base64 PNG in a JSON body; png: the PNG file as the body, options in the query
+    warm_connections: int = WARM_CONNECTIONS  # keep-alive connections opened before the clock starts
 
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
@@ -200,7 +201,7 @@ async def _run(config: LoadConfig, split: Split, progress: bool) -> list[Record]
         await _check_ready(pool, config)
         # Open a few connections before the clock starts, so the first requests do not pay for connecting.
         health = pool.request("GET", "/healthz")
-        await asyncio.gather(*(pool.send(health, config.timeout_s) for _ in range(WARM_CONNECTIONS)))
+        await asyncio.gather(*(pool.send(health, config.timeout_s) for _ in range(config.warm_connections)))
         sender = _Sender(pool, requests, workload, split, config.timeout_s)
         with tqdm(total=n, unit="req", desc=f"{config.scenario} {config.policy}", disable=not progress) as bar:
             if config.scenario is Scenario.SERVER:

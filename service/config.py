@@ -70,7 +70,10 @@ class Settings(BaseSettings):
         2, ge=1, description="under sustained overload, classify requests admitted per turn of the event loop"
     )
     shed_min_connections: int = Field(
-        16, ge=0, description="no shedding with this many connections open or fewer (they bound what is in flight)"
+        16,
+        ge=0,
+        description="no shedding while this many requests or fewer are in flight (each connection carries one at "
+        "a time, so that many waiting clients cannot overload the server; idle keep-alive connections do not count)",
     )
     access_log: bool = Field(False, description="one log line per request (off: it costs more than a fast rung)")
     otel: bool = Field(

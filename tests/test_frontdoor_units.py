@@ -6,22 +6,41 @@ import asyncio
 import socket
 from collections.abc import Callable
 
-from service.server import Backlog, LoopLag, PollCap
+from service.server import Backlog, LoopLag, PollCap, in_flight
 
 
-def test_shedding_needs_a_lagging_loop_and_more_connections_than_clients_that_wait() -> None:
+def test_shedding_needs_a_lagging_loop_and_more_requests_in_flight_than_clients_that_wait() -> None:
     lag = LoopLag(budget_ms=2.0, min_connections=16)
     now = 100.0
     for i in range(20):  # every request waited 5 ms for the loop
         lag.entered(now + i * 1e-3 - 5e-3, now + i * 1e-3)
     later = now + 19e-3
     assert lag.behind_ms(later) > 2.0
-    assert lag.overloaded(later, connections=17)
-    assert not lag.overloaded(later, connections=16)  # 16 clients that wait for answers cannot overload it
-    assert not lag.overloaded(later + 1.0, connections=500)  # no request started for a second: caught up
+    assert lag.overloaded(later, lambda: 17)
+    assert not lag.overloaded(later, lambda: 16)  # 16 clients that wait for answers cannot overload it
+    assert not lag.overloaded(later + 1.0, lambda: 500)  # no request started for a second: caught up
     quiet = LoopLag(budget_ms=2.0, min_connections=16)
     quiet.entered(now - 1e-4, now)
-    assert not quiet.overloaded(now, connections=500)  # not behind
+    counted: list[int] = []
+    assert not quiet.overloaded(now, lambda: counted.append(1) or 500)  # not behind ...
+    assert not counted  # ... so the connections were not counted
+
+
+class _Cycle:
+    def __init__(self, complete: bool) -> None:
+        self.response_complete = complete
+
+
+class _Connection:
+    def __init__(self, cycle: _Cycle | None) -> None:
+        self.cycle = cycle
+
+
+def test_requests_in_flight_count_connections_with_an_unfinished_response_not_idle_ones() -> None:
+    idle = [_Connection(None)] * 20 + [_Connection(_Cycle(complete=True))] * 12  # a client's keep-alive pool
+    busy = [_Connection(_Cycle(complete=False))] * 3
+    assert in_flight(idle) == 0
+    assert in_flight(idle + busy) == 3
 
 
 class _Turns:
