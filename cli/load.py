@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.args import UsageError, positive, positive_float, positive_floats
-from loadtest.client import LoadConfig
+from loadtest.client import MAX_CONNECTIONS, LoadConfig
 from loadtest.results import SweepConfig
 
 LOAD = {f.name: f.default for f in fields(LoadConfig)}
@@ -49,6 +49,13 @@ def add_loadtest(p: argparse.ArgumentParser) -> None:
         choices=["json", "png"],
         default=LOAD["body"],
         help="json: base64 PNG in a JSON body; png: the PNG file as the body, options in the query string",
+    )
+    p.add_argument(
+        "--connections",
+        type=positive,
+        default=LOAD["warm_connections"],
+        help="keep-alive connections opened before the clock starts; more open as requests need them "
+        "(default: %(default)s)",
     )
     _add_load_options(p, LOAD)
     p.add_argument("--out", type=Path, default=Path("reports/loadtest"), help="folder for records and summary")
@@ -110,6 +117,8 @@ def run_loadtest(args: argparse.Namespace) -> None:
         raise UsageError("--policy fixed needs --rung (GET /v1/ladder lists the rungs)")
     if args.policy != "fixed" and args.rung:
         raise UsageError("--rung goes with --policy fixed only")
+    if args.connections > MAX_CONNECTIONS:
+        raise UsageError(f"--connections: at most {MAX_CONNECTIONS}")
     deadlines = DeadlineMix.parse(args.deadline_mix) if args.deadline_mix else DeadlineMix.single(args.deadline)
     config = LoadConfig(
         url=args.url,
@@ -124,6 +133,7 @@ def run_loadtest(args: argparse.Namespace) -> None:
         timeout_s=args.timeout,
         seed=args.seed,
         body=args.body,
+        warm_connections=args.connections,
     )
     split = open_source(args.data).split("test")
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -226,6 +226,11 @@ def test_a_target_outside_loopback_is_refused(url: str, capsys: pytest.CaptureFi
     assert "not a loopback address" in err and "--allow-remote" in err and len(err.strip().splitlines()) == 1
 
 
+def test_more_warm_connections_than_the_client_may_open_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["loadtest", "--connections", "513", "--requests", "1"]) == 2  # refused before anything is sent
+    assert "--connections: at most 512" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://127.3.4.5", "http://localhost:9", "http://[::1]:80"])
 def test_loopback_targets_are_allowed(url: str) -> None:
     check_target(url)
@@ -239,7 +244,8 @@ def test_allow_remote_lifts_the_guard_without_sending_anything() -> None:
 def test_short_real_run_writes_records_and_summary(ladder_dir: Path, tmp_path: Path) -> None:
     with running_server(ladder_dir) as url:
         argv = ["loadtest", "--url", url, "--rate", "40", "--requests", "60", "--duration", "3", "--quiet"]
-        assert main([*argv, "--deadline-mix", "3:0.3,10:0.5,50:0.2", "--out", str(tmp_path / "server")]) == 0
+        server = ["--deadline-mix", "3:0.3,10:0.5,50:0.2", "--connections", "12", "--out", str(tmp_path / "server")]
+        assert main([*argv, *server]) == 0
         single = ["--scenario", "single-stream", "--requests", "15", "--policy", "static"]
         assert main([*argv, *single, "--out", str(tmp_path / "single")]) == 0
     for name, most in (("server", 60), ("single", 15)):
@@ -253,11 +259,9 @@ def test_short_real_run_writes_records_and_summary(ladder_dir: Path, tmp_path: P
         answered = [r for r in records if r.answered]
         assert all(r.server_ms is not None and r.server_ms <= r.client_ms for r in answered)
         assert m["answered_accuracy"] > 0.3  # real labels: far above the 10 % of guessing, even on a weak ladder
-    assert json.loads((tmp_path / "server" / "summary.json").read_text())["config"]["deadlines"]["deadlines_ms"] == [
-        3.0,
-        10.0,
-        50.0,
-    ]
+    config = json.loads((tmp_path / "server" / "summary.json").read_text())["config"]
+    assert config["deadlines"]["deadlines_ms"] == [3.0, 10.0, 50.0]
+    assert config["warm_connections"] == 12
 
 
 @pytest.mark.slow
