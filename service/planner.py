@@ -278,11 +278,12 @@ class Planner:
             options = self._usable(self.auto)
             p50 = {o.name: self.predictor.profiled_p50(o.engines[0]) for o in options}
             quickest = min(options, key=lambda o: p50[o.name], default=None)
+            chosen = None
             if quickest is not None:
                 within = self.predictor.prior(quickest.engines[0], 1)  # its p99
                 quick = [o for o in options if p50[o.name] <= within]
-                quickest = max(quick, key=lambda o: (o.accuracy_by_depth[0], -p50[o.name]))
-            self._quick[key] = quickest
+                chosen = max(quick, key=lambda o: (o.accuracy_by_depth[0], -p50[o.name]))
+            self._quick[key] = chosen
         return self._quick[key]
 
     def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
