@@ -75,6 +75,11 @@ class Settings(BaseSettings):
         description="no shedding while this many requests or fewer are in flight (each connection carries one at "
         "a time, so that many waiting clients cannot overload the server; idle keep-alive connections do not count)",
     )
+    keep_cores_awake: bool = Field(
+        False,
+        description="spin a lowest-priority process on each core the server may use, so that an idle core does not "
+        "sleep and a lone request does not pay for waking it (service/awake.py; the cores then show 100 % busy)",
+    )
     access_log: bool = Field(False, description="one log line per request (off: it costs more than a fast rung)")
     otel: bool = Field(
         False,

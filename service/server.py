@@ -27,6 +27,7 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.admission import Admitted, admit
+from service.awake import CoresAwake
 from service.config import Settings
 from service.errors import ApiError, Overloaded
 from service.logs import log_config, request_id
@@ -276,11 +277,14 @@ def protocol_class(
 
 
 class Server(uvicorn.Server):
-    """On SIGTERM: refuse new work (503 shutting_down), let admitted work finish, then stop."""
+    """On SIGTERM: refuse new work (503 shutting_down), let admitted work finish, then stop. With
+    `keep_cores_awake`, the spinners of service/awake.py run from start-up to shutdown."""
 
-    def __init__(self, config: uvicorn.Config, runtime: Runtime, backlog: Backlog) -> None:
+    def __init__(
+        self, config: uvicorn.Config, runtime: Runtime, backlog: Backlog, awake: CoresAwake | None = None
+    ) -> None:
         super().__init__(config)
-        self.runtime, self.backlog = runtime, backlog
+        self.runtime, self.backlog, self.awake = runtime, backlog, awake
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -294,8 +298,12 @@ class Server(uvicorn.Server):
             )
 
         self.backlog.open([s.fileno() for server in self.servers for s in server.sockets or ()], factory)
+        if self.awake is not None:
+            self.awake.start()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.awake is not None:
+            self.awake.stop()
         self.backlog.close()
         self.runtime.scheduler.drain()
         await super().shutdown(sockets)
@@ -329,4 +337,5 @@ def serve(app: FastAPI, settings: Settings) -> None:
     # back a finished batch.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     backlog = Backlog()
-    Server(uvicorn_config(app, settings, backlog), app.state.runtime, backlog).run()
+    awake = CoresAwake() if settings.keep_cores_awake else None
+    Server(uvicorn_config(app, settings, backlog), app.state.runtime, backlog, awake).run()
