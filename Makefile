@@ -14,7 +14,7 @@ CHECKPOINT ?= models/checkpoints/resnet_exits_fmnist.pt
 MEMBERS ?= models/checkpoints/densenet_fmnist.pt models/checkpoints/mobilenetv2_fmnist.pt \
 	models/checkpoints/vgg_fmnist.pt
 
-.PHONY: serve test data venv ladder lint bench clean
+.PHONY: serve test data venv ladder lint clean
 
 serve: $(STAMP) data ladder
 	$(BIN)/anytime serve --ladder $(LADDER)

@@ -416,7 +416,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         nargs="*",
         help="single-exit checkpoints to build as ensemble members (default: the committed DenseNet, "
-        "MobileNetV2 and VGG; none: no ensembles)",
+        "MobileNetV2 and VGG; none, or the flag alone: no ensembles)",
     )
     p.add_argument(
         "--no-mirror-views",
@@ -446,7 +446,9 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> BuildConfig:
-    members = DEFAULT_MEMBERS if args.members is None else tuple(args.members)
+    # `--members` alone or `--members none` (what an environment variable can carry): no ensembles.
+    none = [str(m).lower() for m in args.members or ()] == ["none"]
+    members = DEFAULT_MEMBERS if args.members is None else () if none else tuple(args.members)
     missing = [str(p) for p in (args.checkpoint, *members) if not Path(p).is_file()]
     if missing:
         raise BuildError(f"no checkpoint at {', '.join(missing)}")

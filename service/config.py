@@ -13,19 +13,27 @@ from service.logs import LogFormat
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ANYTIME_", env_file=".env", extra="ignore")
 
-    ladder: Path = Path("ladders/default")
-    host: str = "127.0.0.1"
+    ladder: Path = Field(Path("ladders/default"), description="the ladder directory (its ladder.json) to serve")
+    host: str = Field("127.0.0.1", description="bind address (0.0.0.0: every interface)")
     port: int = Field(8000, ge=1, le=65535)
     threads: int | None = Field(None, ge=1, le=256, description="threads per engine (default: the ladder's)")
     max_queue: int = Field(256, ge=1, description="queued requests before 429")
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    max_batch: int = Field(32, ge=1, le=1024)
-    safety_margin_ms: float = Field(0.5, ge=0, le=1000)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="a larger body is refused 413")
+    max_batch: int = Field(32, ge=1, le=1024, description="queued items one engine run may take together")
+    safety_margin_ms: float = Field(
+        0.5,
+        ge=0,
+        le=1000,
+        description="plans must finish this long before the deadline: what the server cannot see (sending the answer, "
+        "the client reading it) and the tail of its own path",
+    )
     inline_max_ms: float = Field(
         0.1, ge=0, le=1, description="engines whose profiled median is this quick run on the event loop"
     )
     observed_window: int = Field(200, ge=10, description="observed service times kept per engine and batch size")
-    include_dominated: bool = False
+    include_dominated: bool = Field(
+        False, description="also load and plan over options another is as accurate as and no slower than"
+    )
     auto_caution: bool = Field(
         True, description="auto inflates its predictions after late answers (service/caution.py); off: bare"
     )
@@ -57,7 +65,9 @@ class Settings(BaseSettings):
         description="where caution leaves auto no option, the most accurate of the quickest first steps (typical time "
         "within the quickest one's p99) answers; off: the quickest first step",
     )
-    warmup_runs: int = Field(5, ge=0)
+    warmup_runs: int = Field(
+        5, ge=0, description="warm-up runs of each engine at start-up (batch 1 and 8) before /readyz says ready"
+    )
     # The front door (service/server.py): what a slow or greedy client may hold.
     max_connections: int = Field(512, ge=1, description="open connections; more are answered 503 and closed")
     keep_alive_s: int = Field(5, ge=1, description="an idle connection is closed after this long")

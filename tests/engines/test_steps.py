@@ -259,6 +259,7 @@ def test_python_m_engines_build_takes_the_build_options() -> None:
     args = parser.parse_args(["--out", "x", "--members", "--precisions", "bf16", "--quiet", "--runs", "300"])
     config = config_from_args(args)
     assert config.members == () and config.precisions == (Precision.BF16,) and not config.progress
+    assert config_from_args(parser.parse_args(["--members", "none"])).members == ()  # as the GPU images pass it
     assert config.runs == 300 and config.profile().max_runs == 300 and config.profile().min_runs == 50
     defaults = config_from_args(parser.parse_args([]))
     assert defaults.runs == BuildConfig().runs and defaults.threads == BuildConfig().threads == 1
