@@ -7,7 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from cli.args import UsageError, positive, positive_float, positive_floats
+from cli.args import UsageError, non_negative_float, positive, positive_float, positive_floats
 from loadtest.client import MAX_CONNECTIONS, LoadConfig
 from loadtest.results import SweepConfig
 
@@ -91,6 +91,13 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
         "baseline: the plain server of loadtest/baseline.py (default: %(default)s)",
     )
     _add_load_options(p, SWEEP)
+    p.add_argument(
+        "--warmup",
+        type=non_negative_float,
+        default=SWEEP["warmup_s"],
+        help="seconds of each cell's own load sent first and not scored, so that every server starts the cell warm "
+        "(0: none; default: %(default)s)",
+    )
     p.add_argument("--capacity", action="store_true", help="also search each policy's capacity (MLPerf Server)")
     p.add_argument(
         "--capacity-deadline",
@@ -178,6 +185,7 @@ def run_sweep(args: argparse.Namespace) -> None:
         policies=policies,
         requests=args.requests,
         duration_s=args.duration,
+        warmup_s=args.warmup,
         on_infeasible=args.on_infeasible,
         timeout_s=args.timeout,
         seed=args.seed,

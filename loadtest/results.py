@@ -46,6 +46,7 @@ class SweepConfig:
     repeats: int = 3  # every cell is run this many times (seeds seed..seed+repeats-1): the noise
     requests: int = 600  # per cell (and per capacity trial) ...
     duration_s: float = 2.0  # ... or this long, whichever comes first
+    warmup_s: float = 1.0  # before each cell, its own load for this long, not scored (0: none)
     on_infeasible: str = "reject"
     timeout_s: float = 10.0
     seed: int = 0

@@ -12,7 +12,7 @@ import pytest
 
 from cli.main import main
 from engines.manifest import load_ladder
-from loadtest.client import check_target
+from loadtest.client import LoadConfig, check_target
 from loadtest.harness import png_base64, running_server
 from loadtest.http import ConnectionPool
 from loadtest.report import hindsight, stat
@@ -276,10 +276,12 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
         repeats=2,
         requests=20,
         duration_s=2.0,
+        warmup_s=0.05,
         progress=False,
     )
     result = run_sweep(config, fmnist.split("test"))
     report = save_sweep(result).read_text()
+    assert "after 0.05 s of the same load not scored" in report
     for name in ("effective_accuracy.png", "attainment_vs_rate.png", "latency_cdf.png", "rung_exit_mix.png"):
         assert (tmp_path / name).stat().st_size > 1000 and f"]({name})" in report
     assert "union bound" in report and "best fixed in hindsight" in report and "Machine:" in report
@@ -318,6 +320,7 @@ def test_sweep_rates_can_be_percentages_of_the_measured_capacity(
         repeats=1,
         requests=20,
         duration_s=0.5,
+        warmup_s=0.0,
         capacity_start=400.0,
         progress=False,
     )
@@ -377,3 +380,31 @@ def test_sweep_policies_name_a_fixed_option_or_are_refused_before_any_server_sta
         assert main(["sweep", "--ladder", str(ladder_dir), "--policies", f"auto,{bad}", "--out", str(out)]) == 2
         assert reason in capsys.readouterr().err
         assert not out.exists()
+
+
+def test_each_sweep_cell_is_warmed_by_its_own_load_not_scored_with_run_load_substituted(
+    monkeypatch: pytest.MonkeyPatch, fmnist: FashionMNIST
+) -> None:
+    from loadtest import sweep
+    from loadtest.results import PolicySpec
+
+    sent: list[LoadConfig] = []
+
+    def fake_run_load(config: LoadConfig, split: object, progress: bool) -> list[Record]:
+        sent.append(config)
+        return [Record(len(sent), 0, 0, config.deadlines.deadlines_ms[0], 0.0, 0.0, 1.0, 200, "ok")]
+
+    monkeypatch.setattr(sweep, "run_load", fake_run_load)
+    config = SweepConfig(ladder=Path("x"), out=Path("y"), requests=600, duration_s=2.0, warmup_s=0.5)
+    runner = sweep._Runner(config, fmnist.split("test"), {"anytime": "http://127.0.0.1:1"})
+    records, _ = runner.run(PolicySpec("static", "static"), 400.0, 3.0, repeat=2)
+    warm, cell = sent
+    assert (warm.rate, warm.deadlines, warm.policy) == (cell.rate, cell.deadlines, cell.policy)  # the same load ...
+    assert warm.duration_s == 0.5 and warm.requests == 201 and cell.duration_s == 2.0 and cell.requests == 600
+    assert warm.seed == sweep.WARMUP_SEED + 2 and cell.seed == 2  # ... with other arrivals and images
+    assert [r.i for r in records] == [2]  # only the cell's own records are scored
+    sent.clear()
+    sweep._Runner(replace(config, warmup_s=0.0), fmnist.split("test"), runner.urls).run(
+        PolicySpec("static", "static"), 400.0, 3.0
+    )
+    assert len(sent) == 1
