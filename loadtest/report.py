@@ -224,7 +224,7 @@ def _method(result: SweepResult) -> list[str]:
         "",
         f"Each cell: open-loop Poisson arrivals at the stated rate (exponential gaps, seed {c.seed}), at most "
         f"{c.requests} requests or {c.duration_s:g} s of sending, whichever comes first, after {c.warmup_s:g} s of "
-        "the same load not scored (a warm-up: other arrivals, other images); one deadline per cell; "
+        "the same load not scored (a warm-up, with another seed's arrivals and images); one deadline per cell; "
         f"on_infeasible={c.on_infeasible}; client timeout {c.timeout_s:g} s. Requests are Fashion-MNIST test "
         f"images in a seeded order: repeat k draws seed {c.seed} + k for its arrivals and its images, so every cell "
         "of one repeat sends the same images and each repeat other ones; PNG-encoded before the run, sent by one "

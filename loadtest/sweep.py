@@ -232,13 +232,13 @@ def capacity_passes(metrics: dict[str, Any], deadline_ms: float) -> bool:
 class _Runner:
     """Runs one cell's load against the right server and keeps its records.
 
-    Each cell is first warmed: `warmup_s` of the same load (rate, deadline, policy), with other arrivals and not
-    scored. A server serves its cells in turn and idles while the others' run (auto's, for the sixteen other
-    columns' cells), so without it a cell began on a server whose online estimates (engine times, the path
-    after planning, the arrival rate: a 1 s average) still described an idle machine, while the fixed columns,
-    which share one server, began warm from the column before. Side by side at 2 ms and 800 req/s, 6 rounds
-    (2026-11-26, one-off script): `auto` 84.7 % effective accuracy on its own server after 12 s idle, 85.9 %
-    on the fixed columns' warm server, fixed VGG mirror INT8 86.5 %.
+    Each cell is first warmed: `warmup_s` of the same load (rate, deadline, policy) with another seed's arrivals
+    and images, not scored. A server serves its cells in turn and idles while the other columns' cells run (auto's
+    own server through every other column), so without it a cell began on a server whose online estimates (engine
+    times, the path after planning, the arrival rate: a 1 s average) still described an idle machine, while the
+    fixed columns, which share one server, began warm from the column before. Side by side at 2 ms and 800 req/s,
+    6 rounds (2026-11-26, one-off script): `auto` 84.7 % effective accuracy on its own server after 12 s idle,
+    85.9 % on the fixed columns' warm server, fixed VGG mirror INT8 86.5 %.
     """
 
     def __init__(self, config: SweepConfig, split: Split, urls: dict[str, str]) -> None:
