@@ -23,9 +23,10 @@ import argparse
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -44,16 +45,13 @@ TIGHT_MS = (1.0, 2.0)
 QUIET_GAP_MS = 20.0
 RATES = (600.0, 1700.0)
 LOAD_TRIALS = 3
-
-
-def modes(round_: int) -> tuple[str, str]:
-    return ("off", "on") if round_ % 2 == 0 else ("on", "off")
+T = TypeVar("T")
 
 
 def alternating(awake: CoresAwake, rounds: int) -> Iterator[str]:
     """Yields "off" and "on" in alternating order, the spinners running during every "on"."""
     for r in range(rounds):
-        for mode in modes(r):
+        for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
             if mode == "on":
                 awake.start()
             time.sleep(0.3)  # the spinners' start (or the cores' first sleep) is not measured
@@ -61,6 +59,14 @@ def alternating(awake: CoresAwake, rounds: int) -> Iterator[str]:
                 yield mode
             finally:
                 awake.stop()
+
+
+def after_idle(gap_ms: float, call: Callable[[], T]) -> tuple[T, float]:
+    """Sleep `gap_ms`, then call: what it returned, and how long it took (ms)."""
+    time.sleep(gap_ms / 1e3)
+    start = time.perf_counter()
+    result = call()
+    return result, (time.perf_counter() - start) * 1e3
 
 
 def pct(values: list[float]) -> dict[str, float]:
@@ -103,21 +109,15 @@ def main() -> None:
             for gap in GAPS_MS:
                 for name, conn in conns.items():
                     for k in range(PER_GAP):
-                        time.sleep(gap / 1e3)
-                        start = time.perf_counter()
-                        conn.send(requests[name][k])
-                        client[(name, gap, mode)].append((time.perf_counter() - start) * 1e3)
+                        _, ms = after_idle(gap, partial(conn.send, requests[name][k]))
+                        client[(name, gap, mode)].append(ms)
                 for k in range(PER_GAP):
-                    time.sleep(gap / 1e3)
-                    start = time.perf_counter()
-                    engine.run(inputs[k][None])
-                    client[("engine", gap, mode)].append((time.perf_counter() - start) * 1e3)
+                    _, ms = after_idle(gap, partial(engine.run, inputs[k][None]))
+                    client[("engine", gap, mode)].append(ms)
             for d in TIGHT_MS:
                 for k in range(PER_GAP):
-                    time.sleep(QUIET_GAP_MS / 1e3)
-                    start = time.perf_counter()
-                    response, _ = conns["anytime"].send(tight_requests[d][k])
-                    tight[(d, mode)].append(response.status == 200 and (time.perf_counter() - start) * 1e3 <= d)
+                    (response, _), ms = after_idle(QUIET_GAP_MS, partial(conns["anytime"].send, tight_requests[d][k]))
+                    tight[(d, mode)].append(response.status == 200 and ms <= d)
         engine.close()
         for conn in conns.values():
             conn.close()

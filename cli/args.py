@@ -36,21 +36,22 @@ def positive(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
