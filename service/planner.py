@@ -210,16 +210,27 @@ class Planner:
         if plan.policy is Policy.AUTO and self.caution is not None:
             self.caution.answered(slack_ms)
 
-    def _predicted(self, engine: str, memo: dict[str, float]) -> float:
-        if engine not in memo:
-            memo[engine] = self.predictor.predict(engine)
-        return memo[engine]
+    def steps_within(self, option: Option, budget_ms: float, p99: dict[str, float] | None = None) -> tuple[int, float]:
+        """How many of the option's steps fit in `budget_ms` (each at its predicted p99), and what those steps cost
+        a request on average (ms of engine time: each step's typical time, weighted by how often the step runs).
+        `p99` keeps predictions across the options of one plan (they share engines): one prediction per engine."""
+        p99 = {} if p99 is None else p99
+        predictor = self.predictor
+        depth, elapsed, cost = 0, 0.0, 0.0
+        for reach, engine in zip(option.reach, option.engines, strict=True):
+            t = p99.get(engine)
+            if t is None:
+                t = p99[engine] = predictor.predict(engine)
+            elapsed += t
+            if elapsed > budget_ms:
+                break
+            depth += 1
+            cost += reach * t * predictor.typical_share(engine)
+        return depth, cost
 
-    def depth_within(self, option: Option, budget_ms: float, memo: dict[str, float] | None = None) -> int:
-        """How many of the option's steps fit in `budget_ms` (each at its predicted p99); `memo` keeps
-        predictions across the options of one plan (they share engines)."""
-        memo = {} if memo is None else memo
-        return sum(1 for t in accumulate(self._predicted(e, memo) for e in option.engines) if t <= budget_ms)
+    def depth_within(self, option: Option, budget_ms: float) -> int:
+        """How many of the option's steps fit in `budget_ms` (each at its predicted p99)."""
+        return self.steps_within(option, budget_ms)[0]
 
     def _named(self, name: str | None) -> Option:
         if name is None or name not in self.options:
@@ -229,16 +240,9 @@ class Planner:
             raise OutOfService(f"rung {name} is out of service (its engine failed); another policy can answer")
         return option
 
-    def cost(self, option: Option, depth: int | None = None, memo: dict[str, float] | None = None) -> float:
-        """What the option costs a request on average (ms of engine time): each step's typical time, weighted
-        by how often the step runs; with `depth`, only the steps that fit run. `memo` as in depth_within."""
-        memo = {} if memo is None else memo
-        total = 0.0
-        for reach, engine in zip(option.reach, option.engines[:depth], strict=False):
-            if engine not in memo:
-                memo[engine] = self.predictor.typical(engine)
-            total += reach * memo[engine]
-        return total
+    def cost(self, option: Option) -> float:
+        """What the whole option costs a request on average (ms of engine time), as `steps_within` counts it."""
+        return self.steps_within(option, float("inf"))[1]
 
     def _best_within(self, options: list[Option], budget_ms: float, cost_cap_ms: float = float("inf")) -> Option | None:
         """The option worth most within the time budget: the cheapest (average cost) of those whose accuracy
@@ -249,13 +253,11 @@ class Planner:
         """
         cheapest, least = None, float("inf")
         reachable: list[tuple[float, float, Option, int]] = []  # (accuracy at the depth that fits, cost, option, depth)
-        predicted: dict[str, float] = {}  # options share engines: each is predicted once per plan
-        typical: dict[str, float] = {}
+        p99: dict[str, float] = {}  # options share engines: each is predicted once per plan
         for option in options:
-            depth = self.depth_within(option, budget_ms, predicted)
+            depth, cost = self.steps_within(option, budget_ms, p99)
             if depth == 0:
                 continue
-            cost = self.cost(option, depth, typical)
             if cost > cost_cap_ms:
                 if cost < least:
                     cheapest, least = option, cost

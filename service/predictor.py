@@ -50,6 +50,7 @@ class LatencyPredictor:
         self._lock = threading.Lock()
         self._tables = {"p50": self._prior_p50, "p90": self._prior_p90, "p99": self._prior}
         self._interpolated: dict[tuple[str, str, int], float] = {}
+        self._typical_share: dict[tuple[str, int], float] = {}
 
     def prior(self, engine: str, batch: int, percentile: str = "p99") -> float:
         """The builder's profile at `batch` (p50, p90 or p99), interpolated; worked out once per key (np.interp
@@ -80,9 +81,13 @@ class LatencyPredictor:
         tail = self.prior(engine, batch) / max(self.prior(engine, batch, "p90"), 1e-6)
         return self._p90[key] * max(tail, 1.0)
 
-    def typical(self, engine: str, batch: int = 1) -> float:
-        """The engine's typical (median) time now: the p99 prediction scaled by the profile's p50/p99."""
-        return self.predict(engine, batch) * self.prior(engine, batch, "p50") / max(self.prior(engine, batch), 1e-6)
+    def typical_share(self, engine: str, batch: int = 1) -> float:
+        """The profile's p50 / p99: what turns a predicted p99 into the engine's typical (median) time now."""
+        key = (engine, batch)
+        share = self._typical_share.get(key)
+        if share is None:
+            share = self._typical_share[key] = self.prior(engine, batch, "p50") / max(self.prior(engine, batch), 1e-6)
+        return share
 
     def profiled_p50(self, engine: str, batch: int = 1) -> float:
         """The builder's median, measured on an otherwise idle machine: what the engine itself costs."""
