@@ -303,7 +303,8 @@ class Planner:
     def plan(
         self, policy: Policy, time_left_ms: float, wait_ms: float, on_infeasible: OnInfeasible, rung: str | None = None
     ) -> Plan:
-        """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible).
+        """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible). Before it refuses,
+        the predictor drops estimates that no engine run has refreshed for a while (LatencyPredictor.forget_if_idle).
 
         auto: over every served option, the cheapest whose accuracy reachable in time is within `ties` of the
         best's, with the queue wait and each step's prediction multiplied by the caution factor (a cascade counts
@@ -334,6 +335,8 @@ class Planner:
         fastest, first_ms = self.fastest(policy, rung)
         if first_ms <= budget:
             return fastest
+        if self.predictor.forget_if_idle():  # estimates no run has refreshed: decide on the build's profiles
+            return self.plan(policy, time_left_ms, wait_ms, on_infeasible, rung)
         if on_infeasible is OnInfeasible.BEST_EFFORT:
             fastest.feasible = False
             return fastest

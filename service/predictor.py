@@ -12,6 +12,7 @@ from engines.manifest import EngineRecord
 
 MIN_OBSERVATIONS = 20  # below this many observations of (engine, batch), trust the builder's profile
 HORIZON_S = 10.0  # observations older than this are forgotten: a burst's slow runs must not outlive it
+IDLE_S = 0.5  # no engine run for this long: a refusal first drops the observations (forget_if_idle)
 
 
 class LatencyPredictor:
@@ -33,6 +34,14 @@ class LatencyPredictor:
     their deadline fell from 23-61 to 11-27 while on-time answers stayed level (216-245, 233-242 before). A p90
     of per-run ratios instead cut late answers to 3-11 but served 12 % fewer: a 0.07 ms engine's ratio is
     mostly a stall of fixed length, and multiplying a 1 ms engine by it overstates what that engine will take.
+
+    Observations come only from admitted requests, so an estimate that makes every request infeasible could
+    never be corrected by a new one. Measured on 2026-11-26, Poisson 800 req/s with 1 ms deadlines: slow runs
+    raised exit 1's predicted p99 from 0.13 to 0.41 ms, and the server refused every request for the rest of
+    the run (it would have for 10 s) while its cores idled. So before the planner refuses a request it calls
+    `forget_if_idle`: when no engine has run for IDLE_S, every observation is dropped and the request is planned
+    again on the profiles. A quiet spell alone drops nothing: the next request that fits is planned on the
+    estimates of the load before it.
     """
 
     def __init__(self, records: list[EngineRecord], window: int = 200) -> None:
@@ -47,6 +56,7 @@ class LatencyPredictor:
         self._pooled: deque[tuple[float, float, float]] = deque(maxlen=window)  # (when, observed, profiled p90)
         self._slowdown: tuple[float, float] | None = None  # (when computed, factor)
         self._pooled_count = 0
+        self._last_run = float("-inf")  # when any engine last ran
         self._lock = threading.Lock()
         self._tables = {"p50": self._prior_p50, "p90": self._prior_p90, "p99": self._prior}
         self._interpolated: dict[tuple[str, str, int], float] = {}
@@ -67,15 +77,15 @@ class LatencyPredictor:
             self._interpolated[key] = value
         return value
 
-    def _fresh(self, key: tuple[str, int]) -> bool:
+    def _fresh(self, key: tuple[str, int], now: float) -> bool:
         at = self._at.get(key)
-        return at is not None and time.monotonic() - at <= HORIZON_S
+        return at is not None and now - at <= HORIZON_S
 
     def predict(self, engine: str, batch: int = 1) -> float:
-        key = (engine, batch)
-        if not self._fresh(key):
+        key, now = (engine, batch), time.monotonic()
+        if not self._fresh(key, now):
             slowdown = self._slowdown
-            if slowdown is not None and time.monotonic() - slowdown[0] <= HORIZON_S:
+            if slowdown is not None and now - slowdown[0] <= HORIZON_S:
                 return self.prior(engine, batch) * slowdown[1]
             return self.prior(engine, batch)
         tail = self.prior(engine, batch) / max(self.prior(engine, batch, "p90"), 1e-6)
@@ -93,6 +103,21 @@ class LatencyPredictor:
         """The builder's median, measured on an otherwise idle machine: what the engine itself costs."""
         return self.prior(engine, batch, "p50")
 
+    def forget_if_idle(self) -> bool:
+        """Drop every observation if no engine has run for IDLE_S (True: something was dropped). The planner asks
+        before it refuses a request: see the class's docstring."""
+        with self._lock:
+            if time.monotonic() - self._last_run <= IDLE_S or (not self._at and self._slowdown is None):
+                return False
+            for samples in self._observed.values():
+                samples.clear()
+            self._pooled.clear()
+            self._p90.clear()
+            self._at.clear()
+            self._count.clear()
+            self._slowdown, self._pooled_count = None, 0
+            return True
+
     def observe(self, engine: str, batch: int, ms: float) -> float:
         """Record one service time; returns the prediction error (observed - predicted) in ms."""
         error = ms - self.predict(engine, batch)
@@ -101,6 +126,7 @@ class LatencyPredictor:
         with self._lock:
             samples = self._observed.setdefault(key, deque(maxlen=self._window))
             samples.append((now, ms))
+            self._last_run = now
             self._pooled.append((now, ms, self.prior(engine, batch, "p90")))
             count = self._count[key] = self._count.get(key, 0) + 1
             # Recomputing on every 10th sample keeps observe() cheap on the hot path.

@@ -484,6 +484,39 @@ def test_predictor_forgets_old_observations(monkeypatch: pytest.MonkeyPatch) -> 
     assert predictor.predict("s1", 1) == pytest.approx(22.0)  # back to the profile once the burst is old
 
 
+def test_a_refusal_on_estimates_no_run_has_refreshed_drops_them_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only admitted requests are observed: estimates that refuse every request must not outlive the runs."""
+    import service.predictor as predictor_module
+
+    ladder = _ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs], window=50)
+    planner = Planner(ladder, predictor, margin_ms=1.0)
+    clock = [time.monotonic()]
+    monkeypatch.setattr(predictor_module.time, "monotonic", lambda: clock[0])
+    for _ in range(20):
+        clock[0] += 0.01
+        predictor.observe("fast", 1, 5.0)  # slow runs of the quick rung (its profile's p99: 1.1 ms)
+    prior = predictor.prior("fast", 1)
+    assert predictor.predict("fast", 1) == pytest.approx(5.0 * 1.1)  # its p90 times the profile's p99/p90
+    assert predictor.predict("s1", 1) > 2 * predictor.prior("s1", 1)  # not run lately: the pooled slowdown
+    assert not predictor.forget_if_idle()  # engines ran just now
+    clock[0] += predictor_module.IDLE_S * 0.9
+    with pytest.raises(DeadlineInfeasible):  # a short pause: the estimates stand
+        planner.plan(Policy.STATIC, 2.5, 0.0, OnInfeasible.REJECT)
+    clock[0] += predictor_module.IDLE_S * 0.2
+    assert predictor.predict("fast", 1) == pytest.approx(5.0 * 1.1)  # a quiet spell alone drops nothing ...
+    assert planner.plan(Policy.STATIC, 2.5, 0.0, OnInfeasible.REJECT).name == "fast"  # ... a refusal does
+    assert predictor.predict("fast", 1) == pytest.approx(prior)
+    assert predictor.predict("s1", 1) == pytest.approx(predictor.prior("s1", 1))
+    assert not predictor.forget_if_idle()  # nothing left to drop
+    with pytest.raises(DeadlineInfeasible):  # on the profiles, what does not fit is still refused
+        planner.plan(Policy.STATIC, 1.5, 0.0, OnInfeasible.REJECT)
+    for _ in range(20):  # runs again: the slow runs before the pause are not pooled with these
+        clock[0] += 0.01
+        predictor.observe("fast", 1, 0.5)
+    assert predictor.predict("fast", 1) == pytest.approx(0.5 * 1.1)
+
+
 # -- the auto planner and member cascades -------------------------------------------------------------------
 def _auto_ladder() -> Ladder:
     ladder = _ladder()
