@@ -183,6 +183,9 @@ class Planner:
         # auto's resolution: val accuracies within tie_se standard errors of the best count as equal (0: none).
         self.ties = Ties(self.auto, ladder.split_sizes.get("val", 0), tie_se)
         self.out: set[str] = set()  # engines taken out of service (they failed)
+        # Jobs accepted and not finished (the scheduler's depth, wired by service/runtime.py): while one is, an
+        # engine may be mid-run, so the predictor's estimates are not dropped as idle (see plan).
+        self.in_flight: Callable[[], int] = lambda: 0
         self._quick: dict[frozenset[str], Option | None] = {}  # _quick_and_accurate's, per set of engines out
 
     def take_out(self, engine: str) -> None:
@@ -304,7 +307,8 @@ class Planner:
         self, policy: Policy, time_left_ms: float, wait_ms: float, on_infeasible: OnInfeasible, rung: str | None = None
     ) -> Plan:
         """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible). Before it refuses,
-        the predictor drops estimates that no engine run has refreshed for a while (LatencyPredictor.forget_if_idle).
+        the predictor drops estimates that no engine run has refreshed for a while, when no job is in flight
+        (LatencyPredictor.forget_if_idle).
 
         auto: over every served option, the cheapest whose accuracy reachable in time is within `ties` of the
         best's, with the queue wait and each step's prediction multiplied by the caution factor (a cascade counts
@@ -335,7 +339,7 @@ class Planner:
         fastest, first_ms = self.fastest(policy, rung)
         if first_ms <= budget:
             return fastest
-        if self.predictor.forget_if_idle():  # estimates no run has refreshed: decide on the build's profiles
+        if self.in_flight() == 0 and self.predictor.forget_if_idle():  # estimates no run refreshed: the profiles
             return self.plan(policy, time_left_ms, wait_ms, on_infeasible, rung)
         if on_infeasible is OnInfeasible.BEST_EFFORT:
             fastest.feasible = False

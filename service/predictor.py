@@ -39,8 +39,8 @@ class LatencyPredictor:
     never be corrected by a new one. Measured on 2026-11-26, Poisson 800 req/s with 1 ms deadlines: slow runs
     raised exit 1's predicted p99 from 0.13 to 0.41 ms, and the server refused every request for the rest of
     the run (it would have for 10 s) while its cores idled. So before the planner refuses a request it calls
-    `forget_if_idle`: when no engine has run for IDLE_S, every observation is dropped and the request is planned
-    again on the profiles. A quiet spell alone drops nothing: the next request that fits is planned on the
+    `forget_if_idle`: when no engine has run for IDLE_S and no job is in flight, every observation is dropped and
+    the request is planned again on the profiles. A quiet spell alone drops nothing: the next request that fits is planned on the
     estimates of the load before it.
     """
 
@@ -51,8 +51,7 @@ class LatencyPredictor:
         self._window = window
         self._observed: dict[tuple[str, int], deque[tuple[float, float]]] = {}  # (when, ms)
         self._count: dict[tuple[str, int], int] = {}
-        self._p90: dict[tuple[str, int], float] = {}
-        self._at: dict[tuple[str, int], float] = {}  # when the key's percentiles were computed
+        self._p90: dict[tuple[str, int], tuple[float, float]] = {}  # (when computed, p90): one read, one write
         self._pooled: deque[tuple[float, float, float]] = deque(maxlen=window)  # (when, observed, profiled p90)
         self._slowdown: tuple[float, float] | None = None  # (when computed, factor)
         self._pooled_count = 0
@@ -77,19 +76,16 @@ class LatencyPredictor:
             self._interpolated[key] = value
         return value
 
-    def _fresh(self, key: tuple[str, int], now: float) -> bool:
-        at = self._at.get(key)
-        return at is not None and now - at <= HORIZON_S
-
     def predict(self, engine: str, batch: int = 1) -> float:
         key, now = (engine, batch), time.monotonic()
-        if not self._fresh(key, now):
+        observed = self._p90.get(key)
+        if observed is None or now - observed[0] > HORIZON_S:
             slowdown = self._slowdown
             if slowdown is not None and now - slowdown[0] <= HORIZON_S:
                 return self.prior(engine, batch) * slowdown[1]
             return self.prior(engine, batch)
         tail = self.prior(engine, batch) / max(self.prior(engine, batch, "p90"), 1e-6)
-        return self._p90[key] * max(tail, 1.0)
+        return observed[1] * max(tail, 1.0)
 
     def typical_share(self, engine: str, batch: int = 1) -> float:
         """The profile's p50 / p99: what turns a predicted p99 into the engine's typical (median) time now."""
@@ -107,13 +103,12 @@ class LatencyPredictor:
         """Drop every observation if no engine has run for IDLE_S (True: something was dropped). The planner asks
         before it refuses a request: see the class's docstring."""
         with self._lock:
-            if time.monotonic() - self._last_run <= IDLE_S or (not self._at and self._slowdown is None):
+            if time.monotonic() - self._last_run <= IDLE_S or (not self._p90 and self._slowdown is None):
                 return False
             for samples in self._observed.values():
                 samples.clear()
             self._pooled.clear()
             self._p90.clear()
-            self._at.clear()
             self._count.clear()
             self._slowdown, self._pooled_count = None, 0
             return True
@@ -133,7 +128,7 @@ class LatencyPredictor:
             if count % 10 == 0:
                 recent = [v for t, v in samples if now - t <= HORIZON_S]
                 if len(recent) >= MIN_OBSERVATIONS:
-                    self._p90[key], self._at[key] = float(np.percentile(recent, 90)), now
+                    self._p90[key] = (now, float(np.percentile(recent, 90)))
             self._pooled_count += 1
             if self._pooled_count % 10 == 0:
                 recent_pairs = [(v, p) for t, v, p in self._pooled if now - t <= HORIZON_S]

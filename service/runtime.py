@@ -90,6 +90,7 @@ class Runtime:
             self.combiners,
             {name: cap for name in self.records if (cap := self.batch_cap(name)) is not None},
         )
+        self.planner.in_flight = self.scheduler.depth
         # Large images and bodies are decoded here, off the event loop (service/images.py says what is large).
         self.decoder = ThreadPoolExecutor(1, thread_name_prefix="anytime-decode")
         self.ready = threading.Event()

@@ -567,3 +567,4 @@ def test_plans_allow_for_the_path_after_planning(ladder_dir: Path) -> None:
     with pytest.raises(DeadlineInfeasible):
         plan_for(runtime, options, arrival)
     assert plan_for(runtime, options, arrival, "parser").name  # each place of planning has its own path
+    assert runtime.planner.in_flight == runtime.scheduler.depth  # what keeps a mid-run engine's estimates (planner)

@@ -504,6 +504,10 @@ def test_a_refusal_on_estimates_no_run_has_refreshed_drops_them_first(monkeypatc
     with pytest.raises(DeadlineInfeasible):  # a short pause: the estimates stand
         planner.plan(Policy.STATIC, 2.5, 0.0, OnInfeasible.REJECT)
     clock[0] += predictor_module.IDLE_S * 0.2
+    planner.in_flight = lambda: 1  # a job in flight: an engine may be mid-run, however long since the last ended
+    with pytest.raises(DeadlineInfeasible):
+        planner.plan(Policy.STATIC, 2.5, 0.0, OnInfeasible.REJECT)
+    planner.in_flight = lambda: 0
     assert predictor.predict("fast", 1) == pytest.approx(5.0 * 1.1)  # a quiet spell alone drops nothing ...
     assert planner.plan(Policy.STATIC, 2.5, 0.0, OnInfeasible.REJECT).name == "fast"  # ... a refusal does
     assert predictor.predict("fast", 1) == pytest.approx(prior)
