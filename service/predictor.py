@@ -40,8 +40,8 @@ class LatencyPredictor:
     raised exit 1's predicted p99 from 0.13 to 0.41 ms, and the server refused every request for the rest of
     the run (it would have for 10 s) while its cores idled. So before the planner refuses a request it calls
     `forget_if_idle`: when no engine has run for IDLE_S and no job is in flight, every observation is dropped and
-    the request is planned again on the profiles. A quiet spell alone drops nothing: the next request that fits is planned on the
-    estimates of the load before it.
+    the request is planned again on the profiles. A quiet spell alone drops nothing: the next request that fits is
+    planned on the estimates of the load before it.
     """
 
     def __init__(self, records: list[EngineRecord], window: int = 200) -> None:
@@ -105,8 +105,7 @@ class LatencyPredictor:
         with self._lock:
             if time.monotonic() - self._last_run <= IDLE_S or (not self._p90 and self._slowdown is None):
                 return False
-            for samples in self._observed.values():
-                samples.clear()
+            self._observed.clear()
             self._pooled.clear()
             self._p90.clear()
             self._count.clear()
