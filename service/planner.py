@@ -307,8 +307,8 @@ class Planner:
         self, policy: Policy, time_left_ms: float, wait_ms: float, on_infeasible: OnInfeasible, rung: str | None = None
     ) -> Plan:
         """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible). Before it refuses,
-        the predictor drops estimates that no engine run has refreshed for a while, when no job is in flight
-        (LatencyPredictor.forget_if_idle).
+        the predictor drops estimates that the engines have all but stopped refreshing (far more requests refused on
+        them than runs lately, and no job in flight: LatencyPredictor.forget_if_starved).
 
         auto: over every served option, the cheapest whose accuracy reachable in time is within `ties` of the
         best's, with the queue wait and each step's prediction multiplied by the caution factor (a cascade counts
@@ -339,7 +339,7 @@ class Planner:
         fastest, first_ms = self.fastest(policy, rung)
         if first_ms <= budget:
             return fastest
-        if self.in_flight() == 0 and self.predictor.forget_if_idle():  # estimates no run refreshed: the profiles
+        if self.in_flight() == 0 and self.predictor.forget_if_starved():  # refusals, next to no runs: the profiles
             return self.plan(policy, time_left_ms, wait_ms, on_infeasible, rung)
         if on_infeasible is OnInfeasible.BEST_EFFORT:
             fastest.feasible = False

@@ -12,7 +12,8 @@ from engines.manifest import EngineRecord
 
 MIN_OBSERVATIONS = 20  # below this many observations of (engine, batch), trust the builder's profile
 HORIZON_S = 10.0  # observations older than this are forgotten: a burst's slow runs must not outlive it
-IDLE_S = 0.5  # no engine run for this long: a refusal first drops the observations (forget_if_idle)
+IDLE_S = 0.5  # the span over which forget_if_starved weighs runs against refusals
+STARVED = 20  # ... and drops the observations when the engines ran less than once per this many refusals
 
 
 class LatencyPredictor:
@@ -38,10 +39,14 @@ class LatencyPredictor:
     Observations come only from admitted requests, so an estimate that makes every request infeasible could
     never be corrected by a new one. Measured on 2026-11-26, Poisson 800 req/s with 1 ms deadlines: slow runs
     raised exit 1's predicted p99 from 0.13 to 0.41 ms, and the server refused every request for the rest of
-    the run (it would have for 10 s) while its cores idled. So before the planner refuses a request it calls
-    `forget_if_idle`: when no engine has run for IDLE_S and no job is in flight, every observation is dropped and
-    the request is planned again on the profiles. A quiet spell alone drops nothing: the next request that fits is
-    planned on the estimates of the load before it.
+    the run (it would have for 10 s) while its cores idled. A trickle of admitted requests does not break such a
+    lock: in a sweep the same evening, at 400 and 600 req/s, runs refused 95-100 % of the requests for about 1 s
+    while 0-5 were admitted each 250 ms, on cores that the refusals left to cool, so those ran slow and kept the
+    estimates up. So before the planner refuses a request it calls `forget_if_starved`: when, over the last
+    IDLE_S, the engines ran less than once per STARVED requests refused on these estimates (not at all, for a
+    first refusal) and no job is in flight, every observation is dropped and the request is planned again on the
+    profiles. A quiet spell alone drops nothing: the next request that fits is planned on the estimates of the
+    load before it; nor does a share of refusals under load, where the engines keep running.
     """
 
     def __init__(self, records: list[EngineRecord], window: int = 200) -> None:
@@ -55,7 +60,8 @@ class LatencyPredictor:
         self._pooled: deque[tuple[float, float, float]] = deque(maxlen=window)  # (when, observed, profiled p90)
         self._slowdown: tuple[float, float] | None = None  # (when computed, factor)
         self._pooled_count = 0
-        self._last_run = float("-inf")  # when any engine last ran
+        self._runs: deque[float] = deque(maxlen=64)  # when the engines last ran (forget_if_starved)
+        self._refusals: deque[float] = deque(maxlen=64 * STARVED)  # when requests were refused on the estimates
         self._lock = threading.Lock()
         self._tables = {"p50": self._prior_p50, "p90": self._prior_p90, "p99": self._prior}
         self._interpolated: dict[tuple[str, str, int], float] = {}
@@ -99,12 +105,19 @@ class LatencyPredictor:
         """The builder's median, measured on an otherwise idle machine: what the engine itself costs."""
         return self.prior(engine, batch, "p50")
 
-    def forget_if_idle(self) -> bool:
-        """Drop every observation if no engine has run for IDLE_S (True: something was dropped). The planner asks
-        before it refuses a request: see the class's docstring."""
+    def forget_if_starved(self) -> bool:
+        """A request is about to be refused on the estimates: count the refusal, and drop every observation if over
+        the last IDLE_S the engines ran less than once per STARVED such refusals (True: something was dropped).
+        See the class's docstring."""
         with self._lock:
-            if time.monotonic() - self._last_run <= IDLE_S or (not self._p90 and self._slowdown is None):
+            if not self._p90 and self._slowdown is None:
+                return False  # on the profiles: nothing to drop
+            now = time.monotonic()
+            self._refusals.append(now)
+            refused = sum(1 for t in self._refusals if now - t <= IDLE_S)
+            if sum(1 for t in self._runs if now - t <= IDLE_S) * STARVED >= refused:
                 return False
+            self._refusals.clear()
             self._observed.clear()
             self._pooled.clear()
             self._p90.clear()
@@ -120,7 +133,7 @@ class LatencyPredictor:
         with self._lock:
             samples = self._observed.setdefault(key, deque(maxlen=self._window))
             samples.append((now, ms))
-            self._last_run = now
+            self._runs.append(now)
             self._pooled.append((now, ms, self.prior(engine, batch, "p90")))
             count = self._count[key] = self._count.get(key, 0) + 1
             # Recomputing on every 10th sample keeps observe() cheap on the hot path.
