@@ -1,4 +1,5 @@
-"""What a sweep is made of and produces: its configuration, its policies, cells, oracle rows and capacities.
+"""What a sweep is made of and produces: its configuration, its policies, cells, oracle rows, the sample's luck and
+capacities.
 
 Shared by the sweep that runs them (loadtest/sweep.py) and the report that renders them (loadtest/report.py).
 """
@@ -79,6 +80,16 @@ class OracleRow:
 
 
 @dataclass
+class SampleRow:
+    """How the images a sweep sends favour one served rung or ensemble: its accuracy on them against the split's."""
+
+    plan: str
+    images: int
+    sample_accuracy: float  # on the images the repeats draw from (offline)
+    test_accuracy: float  # on the whole test split, from the build
+
+
+@dataclass
 class Capacity:
     label: str
     deadline_ms: float
@@ -99,3 +110,4 @@ class SweepResult:
     oracle: list[OracleRow]
     capacity: list[Capacity]
     load_capacity: Capacity | None = None  # auto's, when the rates are percentages of it
+    sample: list[SampleRow] = field(default_factory=list)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cli.main import main
-from engines.manifest import load_ladder
+from engines.manifest import Ensemble, Ladder, Rung, load_ladder
 from loadtest.client import LoadConfig, check_target
 from loadtest.harness import png_base64, running_server
 from loadtest.http import ConnectionPool
@@ -24,6 +24,7 @@ from loadtest.sweep import (
     find_capacity,
     policy_specs,
     run_sweep,
+    sample_luck,
     save_sweep,
     served_plans,
 )
@@ -305,6 +306,10 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
     )
     oracle = result.oracle[0]
     assert oracle.images == 2 * 20 and 0 <= oracle.best_rung_accuracy <= oracle.oracle <= 1
+    records = {r.name: r for r in [*result.ladder.rungs, *result.ladder.ensembles]}
+    assert {r.plan for r in result.sample} == {s.rung for s in fixed} & set(records)  # rungs and ensembles served
+    assert all(r.images == 2 * 20 and r.test_accuracy == records[r.plan].test_accuracy for r in result.sample)
+    assert "the sweep's images" in report and f"`{result.sample[0].plan}`" in report
     assert len(list((tmp_path / "records").glob("*.jsonl"))) == len(result.cells)
 
 
@@ -408,3 +413,18 @@ def test_each_sweep_cell_is_warmed_by_its_own_load_not_scored_with_run_load_subs
         PolicySpec("static", "static"), 400.0, 3.0
     )
     assert len(sent) == 1
+
+
+def test_sample_luck_sets_each_rung_and_ensemble_on_the_sweeps_images_beside_the_whole_split() -> None:
+    ladder = Ladder.model_construct(
+        rungs=[Rung.model_construct(name="a", test_accuracy=0.90), Rung.model_construct(name="b", test_accuracy=0.94)],
+        ensembles=[Ensemble.model_construct(name="e", test_accuracy=0.95)],
+    )
+    right = np.array([True, True, True, False])
+    answers = [("a", 0.1, 0.9, right), ("b", 0.2, 0.94, ~right), ("e", 0.3, 0.95, right), ("m@1", 0.1, 0.9, right)]
+    rows = sample_luck(ladder, answers)
+    assert [(r.plan, r.images, r.sample_accuracy, r.test_accuracy) for r in rows] == [
+        ("a", 4, 0.75, 0.90),
+        ("b", 4, 0.25, 0.94),
+        ("e", 4, 0.75, 0.95),
+    ]  # a member cascade's soft-voted depths are left out
