@@ -484,8 +484,9 @@ def test_predictor_forgets_old_observations(monkeypatch: pytest.MonkeyPatch) -> 
     assert predictor.predict("s1", 1) == pytest.approx(22.0)  # back to the profile once the burst is old
 
 
-def test_a_refusal_on_estimates_no_run_has_refreshed_drops_them_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only admitted requests are observed: estimates that refuse every request must not outlive the runs."""
+def _slow_quick_rung(monkeypatch: pytest.MonkeyPatch, gap_s: float) -> tuple[LatencyPredictor, Planner, list[float]]:
+    """A planner whose quick rung has just run 20 times, `gap_s` apart, at 5 ms (its profile's p99: 1.1 ms), on a
+    clock the test moves (the list's one item, in seconds)."""
     import service.predictor as predictor_module
 
     ladder = _ladder()
@@ -494,8 +495,16 @@ def test_a_refusal_on_estimates_no_run_has_refreshed_drops_them_first(monkeypatc
     clock = [time.monotonic()]
     monkeypatch.setattr(predictor_module.time, "monotonic", lambda: clock[0])
     for _ in range(20):
-        clock[0] += 0.01
-        predictor.observe("fast", 1, 5.0)  # slow runs of the quick rung (its profile's p99: 1.1 ms)
+        clock[0] += gap_s
+        predictor.observe("fast", 1, 5.0)
+    return predictor, planner, clock
+
+
+def test_a_refusal_on_estimates_no_run_has_refreshed_drops_them_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only admitted requests are observed: estimates that refuse every request must not outlive the runs."""
+    import service.predictor as predictor_module
+
+    predictor, planner, clock = _slow_quick_rung(monkeypatch, 0.01)
     prior = predictor.prior("fast", 1)
     assert predictor.predict("fast", 1) == pytest.approx(5.0 * 1.1)  # its p90 times the profile's p99/p90
     assert predictor.predict("s1", 1) > 2 * predictor.prior("s1", 1)  # not run lately: the pooled slowdown
@@ -526,14 +535,7 @@ def test_a_trickle_of_runs_does_not_keep_estimates_that_refuse_almost_all(monkey
     admitted ran on cooling cores, slow again. Once refusals outnumber runs STARVED to one, the estimates go."""
     import service.predictor as predictor_module
 
-    ladder = _ladder()
-    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs], window=50)
-    planner = Planner(ladder, predictor, margin_ms=1.0)
-    clock = [time.monotonic()]
-    monkeypatch.setattr(predictor_module.time, "monotonic", lambda: clock[0])
-    for _ in range(20):  # a burst of slow runs, within 2 ms
-        clock[0] += 0.0001
-        predictor.observe("fast", 1, 5.0)
+    predictor, planner, clock = _slow_quick_rung(monkeypatch, 0.0001)  # a burst of slow runs, within 2 ms
     step = predictor_module.IDLE_S / 100  # then 100 requests per IDLE_S, one run per 50 of them, as slow
     refused = 0
     for i in range(1, 1000):
@@ -554,16 +556,7 @@ def test_a_trickle_of_runs_does_not_keep_estimates_that_refuse_almost_all(monkey
 
 def test_refusals_under_load_keep_the_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
     """Requests refused while the engines keep running (a tight deadline, a busy machine) are not starvation."""
-    import service.predictor as predictor_module
-
-    ladder = _ladder()
-    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs], window=50)
-    planner = Planner(ladder, predictor, margin_ms=1.0)
-    clock = [time.monotonic()]
-    monkeypatch.setattr(predictor_module.time, "monotonic", lambda: clock[0])
-    for _ in range(20):
-        clock[0] += 0.01
-        predictor.observe("fast", 1, 5.0)
+    predictor, planner, clock = _slow_quick_rung(monkeypatch, 0.01)
     for i in range(1000):  # one run for every 10 refusals, for 5 s
         clock[0] += 0.005
         if i % 10 == 0:
