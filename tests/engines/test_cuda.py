@@ -86,3 +86,11 @@ def test_events_time_the_work_queued_between_them(device: Device) -> None:
     assert 0 <= nothing < copied  # two events with nothing between them time (almost) nothing
     # 512 MiB over PCIe or NVLink-C2C: slower than 1 TB/s and faster than 0.5 GB/s on any GPU we serve from
     assert 0.5 < copied < 1000
+
+
+def test_the_cuda_benchmark_prints_a_line_per_round(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.cuda import main
+
+    main(["--runs", "100", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert out.count("upload + download + synchronize  p50") == 2 and "synchronize of an empty stream" in out

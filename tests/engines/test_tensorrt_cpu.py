@@ -1,4 +1,5 @@
-"""The TensorRT backend on a machine without it: the module imports, and building says why it cannot."""
+"""The TensorRT backend on a machine without it: the module imports, and building says why it cannot (so does the
+CUDA benchmark without a GPU)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engines.base import BackendUnavailable, Precision
+from tests.engines.gpu import cuda_missing
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="tensorrt is installed here")
@@ -30,3 +32,11 @@ def test_auto_falls_back_to_onnxruntime_and_says_why() -> None:
     assert backend is Backend.ONNXRUNTIME and "tensorrt is not installed" in reason
     with pytest.raises(BackendUnavailable, match="tensorrt is not installed"):
         choose_backend("tensorrt")
+
+
+@pytest.mark.skipif(cuda_missing() is None, reason="a CUDA GPU is here (tests/engines/test_cuda.py runs the benchmark)")
+def test_the_cuda_benchmark_without_a_gpu_says_why_in_one_line() -> None:
+    from bench.cuda import main
+
+    with pytest.raises(SystemExit, match=r"^bench\.cuda: no CUDA device"):
+        main(["--runs", "10"])
