@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -60,8 +61,7 @@ class LatencyPredictor:
         self._pooled: deque[tuple[float, float, float]] = deque(maxlen=window)  # (when, observed, profiled p90)
         self._slowdown: tuple[float, float] | None = None  # (when computed, factor)
         self._pooled_count = 0
-        self._runs: deque[float] = deque(maxlen=64)  # when the engines last ran (forget_if_starved)
-        self._refusals: deque[float] = deque(maxlen=64 * STARVED)  # when requests were refused on the estimates
+        self._refusals: deque[float] = deque(maxlen=window * STARVED)  # when requests were refused on the estimates
         self._lock = threading.Lock()
         self._tables = {"p50": self._prior_p50, "p90": self._prior_p90, "p99": self._prior}
         self._interpolated: dict[tuple[str, str, int], float] = {}
@@ -114,8 +114,8 @@ class LatencyPredictor:
                 return False  # on the profiles: nothing to drop
             now = time.monotonic()
             self._refusals.append(now)
-            refused = sum(1 for t in self._refusals if now - t <= IDLE_S)
-            if sum(1 for t in self._runs if now - t <= IDLE_S) * STARVED >= refused:
+            refused = _recent(reversed(self._refusals), now)
+            if _recent((t for t, _, _ in reversed(self._pooled)), now) * STARVED >= refused:  # every run is pooled
                 return False
             self._refusals.clear()
             self._observed.clear()
@@ -133,7 +133,6 @@ class LatencyPredictor:
         with self._lock:
             samples = self._observed.setdefault(key, deque(maxlen=self._window))
             samples.append((now, ms))
-            self._runs.append(now)
             self._pooled.append((now, ms, self.prior(engine, batch, "p90")))
             count = self._count[key] = self._count.get(key, 0) + 1
             # Recomputing on every 10th sample keeps observe() cheap on the hot path.
@@ -148,3 +147,13 @@ class LatencyPredictor:
                     observed, profiled = (sum(c) for c in zip(*recent_pairs, strict=True))
                     self._slowdown = (now, max(observed / max(profiled, 1e-6), 1.0))
         return error
+
+
+def _recent(newest_first: Iterable[float], now: float) -> int:
+    """How many of the times, newest first, are within IDLE_S of `now` (stops at the first older one)."""
+    count = 0
+    for t in newest_first:
+        if now - t > IDLE_S:
+            break
+        count += 1
+    return count
