@@ -62,8 +62,9 @@ class Settings(BaseSettings):
     )
     auto_quick_fallback: bool = Field(
         True,
-        description="where caution leaves auto no option, the most accurate of the quickest first steps (typical time "
-        "within the quickest one's p99) answers; off: the quickest first step",
+        description="where caution leaves auto no option, or only options less accurate than it, the most accurate of "
+        "the quickest first steps (typical time within the quickest one's p99) answers; off: what fits under caution, "
+        "else the quickest first step",
     )
     warmup_runs: int = Field(
         5, ge=0, description="warm-up runs of each engine at start-up (batch 1 and 8) before /readyz says ready"

@@ -9,8 +9,8 @@ it reaches within the steps that fit (`accuracy_by_depth`, measured on val by th
 Policies: `auto` (the default) takes, per request, the cheapest option whose accuracy within the time left
 is as good as the best's (within `tie_se` paired standard errors of val accuracy, `Ties`: the one-standard-error
 rule), its predictions inflated by the caution its late answers have built up (service/caution.py); where
-caution leaves no option, the most accurate of the quickest first steps (typically no slower than the quickest
-one at its p99);
+caution leaves no option, or only options less accurate than it, the most accurate of the quickest first steps
+(typically no slower than the quickest one at its p99);
 `static` the most accurate single rung that fits whole; `cascade` the most accurate stage cascade;
 `fixed` the option the request names. The others stay for baselines.
 """
@@ -291,6 +291,26 @@ class Planner:
             self._quick[key] = chosen
         return self._quick[key]
 
+    def _no_worse_than_quick(
+        self, chosen: Option | None, cautious_ms: float, budget_ms: float, cap_ms: float
+    ) -> Option | None:
+        """auto's choice under caution, or the most accurate quick first step (_quick_and_accurate) where caution left
+        only options less accurate than that step at the depth that fits, or none, and the step's bare prediction fits
+        `budget_ms` (and its average cost the load's `cap_ms`). The quick first steps typically take no longer than the
+        quickest at its p99: a caution that lets the quickest through cannot tell them from it. Without this, a
+        caution that left only the quickest first step answered with it, and a greater one, leaving nothing, with the
+        more accurate quick step: more caution, a more accurate answer."""
+        quick = self._quick_and_accurate()
+        if quick is None or quick is chosen:
+            return chosen
+        if chosen is not None:
+            depth = self.depth_within(chosen, cautious_ms)
+            if chosen.accuracy_by_depth[depth - 1] >= quick.accuracy_by_depth[0] or self.cost(quick) > cap_ms:
+                return chosen
+        if self.predictor.predict(quick.engines[0]) > budget_ms:
+            return chosen  # None: the fastest plan, or a refusal (plan)
+        return quick
+
     def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
         """The quickest plan this policy allows and its predicted time to a first answer (ms)."""
         if policy is Policy.FIXED:
@@ -312,20 +332,18 @@ class Planner:
 
         auto: over every served option, the cheapest whose accuracy reachable in time is within `ties` of the
         best's, with the queue wait and each step's prediction multiplied by the caution factor (a cascade counts
-        for the steps that fit); where none fits so, the most accurate quick first step (_quick_and_accurate), if
-        its bare prediction fits. static: the most accurate rung that fits whole. cascade: the most accurate stage
-        cascade that fits whole, else the one whose first stage is quickest (it stops early when time runs
-        out). fixed: the named option, if its first step fits.
+        for the steps that fit); where none fits so, or only options less accurate than it, the most accurate quick
+        first step (_no_worse_than_quick), if its bare prediction fits. static: the most accurate rung that fits
+        whole. cascade: the most accurate stage cascade that fits whole, else the one whose first stage is quickest
+        (it stops early when time runs out). fixed: the named option, if its first step fits.
         """
         budget = time_left_ms - wait_ms - self.margin_ms
         if policy is Policy.AUTO:
             cautious = (time_left_ms - self.margin_ms) / self.factor(policy) - wait_ms  # factor x (wait + steps)
             cap = self.budget.ms() if self.budget is not None else float("inf")
             chosen = self._best_within(self._usable(self.auto), cautious, cap)
-            if chosen is None and self.quick_fallback:
-                chosen = self._quick_and_accurate()
-                if chosen is not None and self.predictor.predict(chosen.engines[0]) > budget:
-                    chosen = None  # the fastest plan, or a refusal, below
+            if self.quick_fallback:
+                chosen = self._no_worse_than_quick(chosen, cautious, budget, cap)
             if chosen is not None:
                 return chosen.plan(policy)
         elif policy is Policy.STATIC:

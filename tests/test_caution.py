@@ -20,6 +20,7 @@ from service.app import create_app
 from service.caution import Caution
 from service.config import Settings
 from service.errors import DeadlineExpired, DeadlineInfeasible
+from service.load import ArrivalRate, Budget
 from service.planner import OnInfeasible, Plan, PlanKind, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job
@@ -99,6 +100,33 @@ def test_where_caution_leaves_no_option_the_most_accurate_quick_first_step_answe
     assert wary(True).plan(Policy.AUTO, 2.07, 0.0, OnInfeasible.REJECT).name == "quick"
     with pytest.raises(DeadlineInfeasible):
         wary(True).plan(Policy.AUTO, 2.0, 0.0, OnInfeasible.REJECT)  # refusals stay on the bare predictions
+
+
+def test_a_caution_that_lets_only_the_quickest_through_gets_the_accurate_quick_step_too() -> None:
+    # The ladder above: quick (p99 1.045 ms, val 0.70), fast and m1 (p99 1.1; val 0.80 and 0.82). At factor 2 with
+    # 3.1 ms left and a 1 ms margin, quick fits under caution (2 x 1.045 <= 2.1) and nothing else does (2 x 1.1).
+    ladder = _auto_ladder()
+    ladder.rungs.append(_record(Rung, "quick", 0.95, kind="exit", exit=1, val_accuracy=0.70, test_accuracy=0.7))
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+
+    def doubled(quick_fallback: bool) -> Planner:
+        planner = Planner(ladder, predictor, 1.0, caution=Caution(step=1.0), quick_fallback=quick_fallback)
+        planner.observe(Plan(Policy.AUTO, "quick", ["quick"]), -1.0)
+        assert planner.factor(Policy.AUTO) == pytest.approx(2.0)
+        return planner
+
+    # As with more caution (the test above): the most accurate quick step, not the quickest alone.
+    assert doubled(True).plan(Policy.AUTO, 3.1, 0.0, OnInfeasible.REJECT).name == "members"
+    assert doubled(False).plan(Policy.AUTO, 3.1, 0.0, OnInfeasible.REJECT).name == "quick"  # the rule before
+    # More room: a more accurate option fits under caution (slow, 2 x 22 ms) and answers on its own merit.
+    assert doubled(True).plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "slow"
+    # The load leaves a request less than m1 costs: the cheapest option answers, as without the rule.
+    loaded = doubled(True)
+    loaded.budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0))
+    loaded.budget.rate._rate, loaded.budget.rate._at = 0.0, time.monotonic()
+    for _ in range(700):  # within microseconds: 700 a second, 1 ms a request (members costs 1.4, quick 0.95)
+        loaded.budget.rate.arrive()
+    assert loaded.plan(Policy.AUTO, 3.1, 0.0, OnInfeasible.REJECT).name == "quick"
 
 
 def test_an_answer_ready_within_the_slack_counts_as_late_for_caution() -> None:

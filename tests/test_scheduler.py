@@ -150,18 +150,28 @@ def test_urgent_request_overtakes_queued_cascades(setup) -> None:  # type: ignor
     assert sorted(j.step for j in slow) == [3, 3, 3]
 
 
-def test_same_stage_items_are_batched(setup) -> None:  # type: ignore[no-untyped-def]
-    scheduler, planner, engines = setup
-    done: list[Job] = []
+def _occupy_worker(scheduler: Scheduler, planner: Planner, done: list[Job]) -> Job:
+    """Submit a long cascade job and wait until the worker has started it: what is submitted next queues."""
     blocker = _job(planner, Policy.CASCADE, 5000, done)
     scheduler.submit(blocker)
     while blocker.started is None:
         time.sleep(0.0005)
+    return blocker
+
+
+def _wait_until_done(done: list[Job], count: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(done) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_same_stage_items_are_batched(setup) -> None:  # type: ignore[no-untyped-def]
+    scheduler, planner, engines = setup
+    done: list[Job] = []
+    _occupy_worker(scheduler, planner, done)
     for _ in range(3):
         scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))
-    deadline = time.monotonic() + 5
-    while len(done) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_until_done(done, 4)
     assert max(engines["s1"].batches) == 3  # the three that queued behind the first ran as one batch
 
 
@@ -173,15 +183,10 @@ def test_batches_stop_at_the_engines_cap() -> None:
     scheduler.start()
     try:
         done: list[Job] = []
-        blocker = _job(planner, Policy.CASCADE, 5000, done)
-        scheduler.submit(blocker)
-        while blocker.started is None:
-            time.sleep(0.0005)
+        _occupy_worker(scheduler, planner, done)
         for _ in range(5):
             scheduler.submit(_job(planner, Policy.CASCADE, 5000, done))
-        deadline = time.monotonic() + 5
-        while len(done) < 6 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _wait_until_done(done, 6)
         assert len(done) == 6 and all(j.error is None for j in done)
         # Five queued behind the first: without the cap they would have run as batches of max_batch (4).
         assert max(engines["s1"].batches) == 2 and sum(engines["s1"].batches) == 6
@@ -203,10 +208,7 @@ def test_cascade_stops_early_when_time_runs_out(setup) -> None:  # type: ignore[
 def test_expired_before_running_gets_504(setup) -> None:  # type: ignore[no-untyped-def]
     scheduler, planner, _ = setup
     done: list[Job] = []
-    blocker = _job(planner, Policy.CASCADE, 5000, done)
-    scheduler.submit(blocker)  # occupies the worker
-    while blocker.started is None:
-        time.sleep(0.0005)
+    _occupy_worker(scheduler, planner, done)
     event = threading.Event()
     late = _job(planner, Policy.STATIC, 5, done, event)
     scheduler.submit(late)

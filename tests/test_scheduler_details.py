@@ -28,6 +28,7 @@ from tests.test_scheduler import (
     _job,
     _ladder,
     _member_scheduler,
+    _occupy_worker,
     _record,
     _setup,
 )
@@ -291,10 +292,7 @@ def test_jobs_that_share_a_run_each_keep_their_own_row() -> None:
     scheduler.start()
     try:
         engines["s1"].gate.clear()
-        blocker = _job(planner, Policy.CASCADE, 5000, [])
-        scheduler.submit(blocker)
-        while blocker.started is None:
-            time.sleep(0.0005)
+        blocker = _occupy_worker(scheduler, planner, [])
         jobs = [_job(planner, Policy.CASCADE, 5000, []) for _ in range(3)]
         for job in jobs:
             scheduler.submit(job)
