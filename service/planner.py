@@ -295,17 +295,22 @@ class Planner:
         self, chosen: Option | None, cautious_ms: float, budget_ms: float, cap_ms: float
     ) -> Option | None:
         """auto's choice under caution, or the most accurate quick first step (_quick_and_accurate) where caution left
-        only options less accurate than that step at the depth that fits, or none, and the step's bare prediction fits
-        `budget_ms` (and its average cost the load's `cap_ms`). The quick first steps typically take no longer than the
-        quickest at its p99: a caution that lets the quickest through cannot tell them from it. Without this, a
-        caution that left only the quickest first step answered with it, and a greater one, leaving nothing, with the
-        more accurate quick step: more caution, a more accurate answer."""
+        that step out and only options less accurate than it at the depth that fits, or none, and the step's bare
+        prediction fits `budget_ms` (and its average cost the load's `cap_ms`). The quick first steps typically take no
+        longer than the quickest at its p99: a caution that lets the quickest through cannot tell them from it.
+        Without this, a caution that left only the quickest first step answered with it, and a greater one, leaving
+        nothing, with the more accurate quick step: more caution, a more accurate answer. Where the step fits under
+        caution, it was weighed with the rest (_best_within) and the choice stands."""
         quick = self._quick_and_accurate()
         if quick is None or quick is chosen:
             return chosen
         if chosen is not None:
-            depth = self.depth_within(chosen, cautious_ms)
-            if chosen.accuracy_by_depth[depth - 1] >= quick.accuracy_by_depth[0] or self.cost(quick) > cap_ms:
+            depth = max(1, self.depth_within(chosen, cautious_ms))  # >= 1 when _best_within chose it
+            if (
+                chosen.accuracy_by_depth[depth - 1] >= quick.accuracy_by_depth[0]
+                or self.depth_within(quick, cautious_ms) > 0
+                or self.cost(quick) > cap_ms
+            ):
                 return chosen
         if self.predictor.predict(quick.engines[0]) > budget_ms:
             return chosen  # None: the fastest plan, or a refusal (plan)

@@ -120,6 +120,11 @@ def test_a_caution_that_lets_only_the_quickest_through_gets_the_accurate_quick_s
     assert doubled(False).plan(Policy.AUTO, 3.1, 0.0, OnInfeasible.REJECT).name == "quick"  # the rule before
     # More room: a more accurate option fits under caution (slow, 2 x 22 ms) and answers on its own merit.
     assert doubled(True).plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "slow"
+    # Where the quick step fits under caution it was weighed with the rest: a cheaper option tied with the best on
+    # val (every option ties here) stands, though less accurate than the step.
+    ladder.split_sizes = {"val": 100}
+    tied = Planner(ladder, predictor, 1.0, caution=Caution(), tie_se=1e6)
+    assert tied.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "quick"
     # The load leaves a request less than m1 costs: the cheapest option answers, as without the rule.
     loaded = doubled(True)
     loaded.budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0))
