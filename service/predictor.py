@@ -61,7 +61,7 @@ class LatencyPredictor:
         self._pooled: deque[tuple[float, float, float]] = deque(maxlen=window)  # (when, observed, profiled p90)
         self._slowdown: tuple[float, float] | None = None  # (when computed, factor)
         self._pooled_count = 0
-        self._refusals: deque[float] = deque(maxlen=window * STARVED)  # when requests were refused on the estimates
+        self._refusals: deque[float] = deque(maxlen=window * STARVED)  # when requests were refused on them, last IDLE_S
         self._lock = threading.Lock()
         self._tables = {"p50": self._prior_p50, "p90": self._prior_p90, "p99": self._prior}
         self._interpolated: dict[tuple[str, str, int], float] = {}
@@ -113,9 +113,12 @@ class LatencyPredictor:
             if not self._p90 and self._slowdown is None:
                 return False  # on the profiles: nothing to drop
             now = time.monotonic()
-            self._refusals.append(now)
-            refused = _recent(reversed(self._refusals), now)
-            if _recent((t for t, _, _ in reversed(self._pooled)), now) * STARVED >= refused:  # every run is pooled
+            refusals = self._refusals
+            refusals.append(now)
+            while now - refusals[0] > IDLE_S:  # kept to the window, so that its length is the count (O(1) a call)
+                refusals.popleft()
+            runs = _recent((t for t, _, _ in reversed(self._pooled)), now)  # every run is pooled
+            if runs * STARVED >= len(refusals):
                 return False
             self._refusals.clear()
             self._observed.clear()
