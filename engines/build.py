@@ -62,7 +62,7 @@ from engines.steps.pareto import keep_pareto_cuts, keep_pareto_ensembles
 from engines.steps.plan_rungs import PlanConfig, build_plans, choose_backend, plan_rungs
 from engines.steps.probe import ProbeConfig, built_precisions, run_probe
 from engines.steps.report import ladder_table, summary
-from engines.steps.rungs import make_rung
+from engines.steps.rungs import make_rung, steady_batch1
 from engines.steps.stacker import stacker_versions
 from models.checkpoint import DEFAULT_CHECKPOINT, CheckpointError
 from models.data import DataError
@@ -277,6 +277,7 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     # Members get the precisions ensembles use (FP32, and INT8 where it pays), measured like any rung.
     pairs = [(g, k) for g in members for k in (FP32, INT8) if k in kinds]
     rungs += [make_rung(ctx, g, k, profile) for g, k in ctx.bar(pairs, "measure member rungs")]
+    rungs = steady_batch1(ctx, rungs, profile)  # batch 1 again, every rung in interleaved rounds
     rungs.sort(key=lambda r: (KIND_ORDER[r.kind], r.name))  # exits, then cuts, then members; by name
     phases.done("rungs")
 

@@ -7,6 +7,15 @@ It also stops at the cap of `max_runs` runs, or once timing this profile has tak
 before the floor). Each profile records the runs it took, so floor <= runs <= cap. Stable, slow profiles
 (batch 32 of big engines, where most measuring time went at a fixed 200 runs) stop at the floor; noisy, fast
 ones (batch 1) run on, which costs little.
+
+A rung's batch-1 profile, the one the planner and the builder's cost comparisons use, is then timed again with
+every rung at once (`time_interleaved`, `profile_from_rounds`): `rounds` rounds of `round_runs` runs, rung after
+rung in each round, and each percentile is the median of the rounds' own. Timed in one block (200 runs at most:
+40 ms for a 0.2 ms engine), a rung that a slow spell of the shared machine fell on kept the slow figure
+(MobileNetV2's mirror view INT8 once 0.272 ms, 0.184 ms side by side), and the builder marks dominated rungs and
+orders member cascades by those costs. A spell of a few hundred ms falls in one round of the rungs it overlaps, and the median of
+the rounds leaves it out. Measured on the default ladder's 24 CPU rungs (README, "Latency profiles"): p50s more
+than 25 % off relative to the other rungs' 6.8-9.9 % of profiles in one block, 0-2.6 % interleaved.
 """
 
 from __future__ import annotations
@@ -14,15 +23,17 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from engines.base import Engine
 from engines.manifest import LatencyProfile
+
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,8 @@ class ProfileConfig:
     check_every: int = 25
     resamples: int = 200
     warmup: int = 10
+    rounds: int = 5  # batch 1 timed again, every rung in each round (time_interleaved)
+    round_runs: int = 100
 
     @classmethod
     def fixed(cls, runs: int, **options: Any) -> ProfileConfig:
@@ -88,6 +101,45 @@ def measure_latency(
             break
     p50, p90, p99 = np.percentile(samples[:n] * 1e3, [50, 90, 99])
     return LatencyProfile(batch=batch, p50_ms=float(p50), p90_ms=float(p90), p99_ms=float(p99), runs=n)
+
+
+def time_interleaved(
+    engines: Mapping[K, Engine],
+    batch: int,
+    rounds: int,
+    runs: int,
+    warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[K, list[np.ndarray]]:
+    """Wall times (ms) of each engine's `run` on one random batch: `rounds` rounds of `runs` runs, engine after
+    engine in each round (round robin), so that drift of a shared machine hits them alike. Per engine, one array
+    per round."""
+    inputs = {
+        k: np.random.default_rng(batch).standard_normal((batch, *e.input_shape)).astype(np.float32)  # type: ignore[attr-defined]
+        for k, e in engines.items()
+    }
+    for k, engine in engines.items():
+        for _ in range(warmup):
+            engine.run(inputs[k])
+    samples: dict[K, list[np.ndarray]] = {k: [] for k in engines}
+    for _ in range(rounds):
+        for k, engine in engines.items():
+            x, times = inputs[k], np.empty(runs)
+            for i in range(runs):
+                start = clock()
+                engine.run(x)
+                times[i] = clock() - start
+            samples[k].append(times * 1e3)
+    return samples
+
+
+def profile_from_rounds(batch: int, rounds: list[np.ndarray]) -> LatencyProfile:
+    """p50, p90 and p99: each the median of the rounds' own (a slow round is outvoted, as it would not be in the
+    pooled samples' p99)."""
+    p50, p90, p99 = np.median([np.percentile(r, [50, 90, 99]) for r in rounds], axis=0)
+    return LatencyProfile(
+        batch=batch, p50_ms=float(p50), p90_ms=float(p90), p99_ms=float(p99), runs=sum(len(r) for r in rounds)
+    )
 
 
 def machine_info() -> dict[str, str]:

@@ -22,7 +22,6 @@ alike; its numbers are recorded in ladder.json.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,6 +34,7 @@ from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import accuracy, engine_logits
 from engines.steps.export import fp16_file
 from engines.steps.graphs import BF16, FP16, FP32, INT8, EngineKind, Graph
+from engines.steps.measure import time_interleaved
 
 OPTIONAL = (BF16, FP16)
 RULE = (
@@ -107,22 +107,6 @@ def decide(
     return out
 
 
-def time_interleaved(engines: dict[Precision, Any], config: ProbeConfig) -> dict[Precision, list[float]]:
-    """Batch-1 wall times (ms) of each engine, `config.rounds` rounds of `config.runs` runs, round robin."""
-    samples: dict[Precision, list[float]] = {p: [] for p in engines}
-    x = np.random.default_rng(1).standard_normal((1, *next(iter(engines.values())).input_shape)).astype(np.float32)
-    for engine in engines.values():
-        for _ in range(config.warmup):
-            engine.run(x)
-    for _ in range(config.rounds):
-        for precision, engine in engines.items():
-            for _ in range(config.runs):
-                start = time.perf_counter()
-                engine.run(x)
-                samples[precision].append((time.perf_counter() - start) * 1e3)
-    return samples
-
-
 def _engine_file(ctx: BuildContext, g: Graph, kind: EngineKind) -> Any:
     return fp16_file(ctx, g) if kind is FP16 else ctx.out / g.file(kind.file)
 
@@ -141,9 +125,10 @@ def run_probe(ctx: BuildContext, g: Graph, config: ProbeConfig) -> Probe:
 
     def make() -> dict[str, Any]:
         engines = {k.precision: open_engine(k.backend, files[k.precision], k.precision, ctx.threads) for k in kinds}
-        samples = time_interleaved(engines, config)
+        rounds = time_interleaved(engines, 1, config.rounds, config.runs, config.warmup)
         for e in engines.values():
             e.close()
+        samples = {p: np.concatenate(r) for p, r in rounds.items()}
         p50 = {p: float(np.median(s)) for p, s in samples.items()}
         val_split = ctx.inputs.split("val")
         val: dict[Precision, float | None] = {}

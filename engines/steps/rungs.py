@@ -8,11 +8,11 @@ from typing import Any
 from engines.backends.tensorrt import read_sidecar
 from engines.base import Backend
 from engines.factory import open_engine
-from engines.manifest import PlanInfo, Rung, Stage, pack_right
+from engines.manifest import LatencyProfile, PlanInfo, Rung, Stage, pack_right
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import accuracy, engine_logits
 from engines.steps.graphs import EngineKind, Graph
-from engines.steps.measure import ProfileConfig, profile_engine
+from engines.steps.measure import ProfileConfig, profile_engine, profile_from_rounds, time_interleaved
 
 
 def measured(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfig) -> dict[str, Any]:
@@ -85,3 +85,36 @@ def make_rung(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConf
 
 def make_stage(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileConfig) -> Stage:
     return Stage(**measured(ctx, g, kind, config), index=g.exit)
+
+
+def steady_batch1(ctx: BuildContext, rungs: list[Rung], config: ProfileConfig) -> list[Rung]:
+    """The rungs with their batch-1 profiles timed again, every CPU rung in each of `config.rounds` interleaved
+    rounds (engines/steps/measure.py says why). TensorRT rungs keep their CUDA-event profiles; the other batch
+    sizes, stages, ensembles and member cascades keep theirs. Timed once per set of files and measuring setting."""
+    cpu = [r for r in rungs if r.backend is not Backend.TENSORRT]
+    if not cpu:
+        return rungs
+    key = {
+        "files": {r.name: r.artifact.sha256 for r in cpu},
+        "profile": config.key(),
+        "threads": ctx.threads,
+        "machine": machine_key(),
+        "versions": ctx.versions,
+    }
+
+    def make() -> dict[str, Any]:
+        engines = {r.name: open_engine(r.backend, ctx.out / r.artifact.path, r.precision, ctx.threads) for r in cpu}
+        try:
+            rounds = time_interleaved(engines, 1, config.rounds, config.round_runs, config.warmup)
+        finally:
+            for engine in engines.values():
+                engine.close()
+        return {name: profile_from_rounds(1, r).model_dump() for name, r in rounds.items()}
+
+    batch1 = ctx.cache.run("measure/batch-1 interleaved", key, make)
+    return [
+        r.model_copy(update={"profiles": [LatencyProfile(**batch1[r.name]) if p.batch == 1 else p for p in r.profiles]})
+        if r.name in batch1
+        else r
+        for r in rungs
+    ]

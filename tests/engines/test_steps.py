@@ -21,7 +21,7 @@ from engines.steps.cuts import removal_accuracies, val_accuracy
 from engines.steps.ensembles import dominated_by_estimate, forward_selection
 from engines.steps.evaluate import Background
 from engines.steps.export import _uneven_adaptive_pool, export_graph
-from engines.steps.measure import ProfileConfig, measure_latency, p99_stable
+from engines.steps.measure import ProfileConfig, measure_latency, p99_stable, profile_from_rounds, time_interleaved
 from engines.steps.probe import built_precisions, decide
 from models.data import FashionMNIST
 from models.preprocess import PreprocessSpec
@@ -129,6 +129,37 @@ def test_profiling_stops_on_its_time_budget_between_floor_and_cap() -> None:
 def test_fixed_profiles_take_exactly_their_runs() -> None:
     profile = _profile(np.full(10, 1e-3), ProfileConfig.fixed(37, warmup=0))
     assert profile.runs == 37
+
+
+class _SlowSpellEngine(EngineBase):
+    """Each run takes 1 ms on the fake clock, 2 ms while the machine's slow spell lasts."""
+
+    backend, precision, input_name, output_names = Backend.ONNXRUNTIME, Precision.FP32, "input", ["logits"]
+    input_shape = (1, 2, 2)
+
+    def __init__(self, clock: _FakeClock, spell_s: tuple[float, float]) -> None:
+        self.clock, self.spell_s = clock, spell_s
+
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
+        slow = self.spell_s[0] <= self.clock.now < self.spell_s[1]
+        self.clock.now += 2e-3 if slow else 1e-3
+        return [np.zeros((len(x), 10), np.float32)]
+
+
+def test_interleaved_rounds_outvote_a_slow_spell_that_one_block_keeps() -> None:
+    spell = (0.0, 0.2)  # the first 0.2 s: as long as 100 slow runs
+    clock = _FakeClock()
+    block = measure_latency(_SlowSpellEngine(clock, spell), 1, ProfileConfig.fixed(100, warmup=0), clock=clock)
+    assert block.p50_ms == pytest.approx(2.0)  # timed in one block, the engine the spell fell on keeps it
+
+    clock = _FakeClock()
+    engines = {"a": _SlowSpellEngine(clock, spell), "b": _SlowSpellEngine(clock, spell)}
+    rounds = time_interleaved(engines, 1, rounds=5, runs=100, warmup=0, clock=clock)
+    assert [np.median(r) for r in rounds["a"]] == pytest.approx([2.0, 1.0, 1.0, 1.0, 1.0])  # a's first round only
+    for name in engines:
+        profile = profile_from_rounds(1, rounds[name])
+        assert (profile.p50_ms, profile.p90_ms, profile.p99_ms) == pytest.approx((1.0, 1.0, 1.0))
+        assert profile.runs == 500
 
 
 # -- the ensemble search --------------------------------------------------------------------------------------
