@@ -277,7 +277,7 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     # Members get the precisions ensembles use (FP32, and INT8 where it pays), measured like any rung.
     pairs = [(g, k) for g in members for k in (FP32, INT8) if k in kinds]
     rungs += [make_rung(ctx, g, k, profile) for g, k in ctx.bar(pairs, "measure member rungs")]
-    rungs = steady_batch1(ctx, rungs, profile)  # batch 1 again, every rung in interleaved rounds
+    rungs = steady_batch1(ctx, rungs, profile, "rungs")  # batch 1 again, every rung in interleaved rounds
     rungs.sort(key=lambda r: (KIND_ORDER[r.kind], r.name))  # exits, then cuts, then members; by name
     phases.done("rungs")
 

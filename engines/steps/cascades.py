@@ -13,7 +13,7 @@ from engines.steps.context import BuildContext
 from engines.steps.evaluate import accuracy, chain_logits
 from engines.steps.graphs import EngineKind, Graph
 from engines.steps.measure import ProfileConfig
-from engines.steps.rungs import make_stage
+from engines.steps.rungs import make_stage, steady_batch1
 from engines.steps.thresholds import CascadeFit, fit_thresholds, simulate
 
 
@@ -26,6 +26,7 @@ def build_cascade(
     ctx: BuildContext, stages: list[Graph], kind: EngineKind, config: CascadeConfig, profile: ProfileConfig
 ) -> tuple[list[Stage], Cascade]:
     records = [make_stage(ctx, g, kind, profile) for g in stages]
+    records = steady_batch1(ctx, records, profile, f"stages.{kind.precision}.{kind.backend}")
     chain = [(ctx.out / kind.artifact(g), kind.backend, kind.precision) for g in stages]
     val, test = ctx.inputs.split("val"), ctx.inputs.split("test")
     val_logits, test_logits = chain_logits(ctx, chain, "val"), chain_logits(ctx, chain, "test")

@@ -8,14 +8,15 @@ before the floor). Each profile records the runs it took, so floor <= runs <= ca
 (batch 32 of big engines, where most measuring time went at a fixed 200 runs) stop at the floor; noisy, fast
 ones (batch 1) run on, which costs little.
 
-A rung's batch-1 profile, the one the planner and the builder's cost comparisons use, is then timed again with
-every rung at once (`time_interleaved`, `profile_from_rounds`): `rounds` rounds of `round_runs` runs, rung after
-rung in each round, and each percentile is the median of the rounds' own. Timed in one block (200 runs at most:
-40 ms for a 0.2 ms engine), a rung that a slow spell of the shared machine fell on kept the slow figure
-(MobileNetV2's mirror view INT8 once 0.272 ms, 0.184 ms side by side), and the builder marks dominated rungs and
-orders member cascades by those costs. A spell of a few hundred ms falls in one round of the rungs it overlaps, and the median of
-the rounds leaves it out. Measured on the default ladder's 24 CPU rungs (README, "Latency profiles"): p50s more
-than 25 % off relative to the other rungs' 6.8-9.9 % of profiles in one block, 0-2.6 % interleaved.
+A rung's and a cascade stage's batch-1 profile, the one the planner predicts from and the builder compares costs
+by, is then timed again with the others of its kind (`time_interleaved`, `profile_from_rounds`): `rounds` rounds of
+`round_runs` runs, engine after engine in each round, and each percentile is the median of the rounds' own. Timed
+in one block (200 runs at most: 40 ms for a 0.2 ms engine), an engine that a slow spell of the shared machine fell
+on kept the slow figure (MobileNetV2's mirror view INT8 once 0.272 ms, 0.184 ms side by side), and the builder
+marks dominated rungs and orders member cascades by those costs. A spell of a few hundred ms falls in one round of
+the engines it overlaps, and the median of the rounds leaves it out. Measured on the default ladder's 24 CPU rungs
+(README, "Latency profiles"): p50s more than 25 % off relative to the other rungs' in 6.8-9.9 % of profiles timed
+in one block, 0-2.6 % interleaved.
 """
 
 from __future__ import annotations

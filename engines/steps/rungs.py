@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engines.backends.tensorrt import read_sidecar
 from engines.base import Backend
 from engines.factory import open_engine
-from engines.manifest import LatencyProfile, PlanInfo, Rung, Stage, pack_right
+from engines.manifest import EngineRecord, LatencyProfile, PlanInfo, Rung, Stage, pack_right
 from engines.steps.context import BuildContext, machine_key
 from engines.steps.evaluate import accuracy, engine_logits
 from engines.steps.graphs import EngineKind, Graph
@@ -87,13 +87,17 @@ def make_stage(ctx: BuildContext, g: Graph, kind: EngineKind, config: ProfileCon
     return Stage(**measured(ctx, g, kind, config), index=g.exit)
 
 
-def steady_batch1(ctx: BuildContext, rungs: list[Rung], config: ProfileConfig) -> list[Rung]:
-    """The rungs with their batch-1 profiles timed again, every CPU rung in each of `config.rounds` interleaved
-    rounds (engines/steps/measure.py says why). TensorRT rungs keep their CUDA-event profiles; the other batch
-    sizes, stages, ensembles and member cascades keep theirs. Timed once per set of files and measuring setting."""
-    cpu = [r for r in rungs if r.backend is not Backend.TENSORRT]
+R = TypeVar("R", bound=EngineRecord)
+
+
+def steady_batch1(ctx: BuildContext, records: list[R], config: ProfileConfig, label: str) -> list[R]:
+    """The records (rungs, or a cascade's stages) with their batch-1 profiles timed again, every CPU engine among
+    them in each of `config.rounds` interleaved rounds (engines/steps/measure.py says why). TensorRT engines keep
+    their CUDA-event profiles; the other batch sizes keep theirs. Timed once per set of files and measuring
+    setting; `label` names the step."""
+    cpu = [r for r in records if r.backend is not Backend.TENSORRT]
     if not cpu:
-        return rungs
+        return records
     key = {
         "files": {r.name: r.artifact.sha256 for r in cpu},
         "profile": config.key(),
@@ -111,10 +115,10 @@ def steady_batch1(ctx: BuildContext, rungs: list[Rung], config: ProfileConfig) -
                 engine.close()
         return {name: profile_from_rounds(1, r).model_dump() for name, r in rounds.items()}
 
-    batch1 = ctx.cache.run("measure/batch-1 interleaved", key, make)
+    batch1 = ctx.cache.run(f"measure/batch-1 interleaved/{label}", key, make)
     return [
         r.model_copy(update={"profiles": [LatencyProfile(**batch1[r.name]) if p.batch == 1 else p for p in r.profiles]})
         if r.name in batch1
         else r
-        for r in rungs
+        for r in records
     ]

@@ -9,7 +9,7 @@ from calibration.quantize import check_tensorrt_form
 from engines.base import ArtifactError, Backend, Precision
 from engines.build import BuildConfig
 from engines.factory import open_engine
-from engines.manifest import Ladder, ManifestError, Rung, load_ladder
+from engines.manifest import Ladder, ManifestError, Rung, Stage, load_ladder
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -30,8 +30,8 @@ def test_manifest_records_what_it_must(default_ladder: Ladder) -> None:
     assert {"torch", "onnxruntime", "openvino"} <= default_ladder.software.keys()
     assert default_ladder.machine["cpu"] and default_ladder.threads == BuildConfig().threads == 1
     assert len(default_ladder.cut_search.kept) >= 3
-    # The stated stop rule (engines/steps/measure.py): between the floor and the cap of timed runs; a rung's
-    # batch-1 profile is timed again in interleaved rounds, a fixed number of runs each.
+    # The stated stop rule (engines/steps/measure.py): between the floor and the cap of timed runs; a rung's and a
+    # stage's batch-1 profile is timed again in interleaved rounds, a fixed number of runs each.
     floor, cap = default_ladder.measuring["min_runs"], default_ladder.measuring["max_runs"]
     assert isinstance(floor, int) and isinstance(cap, int) and 1 <= floor <= cap
     interleaved = default_ladder.measuring["rounds"] * default_ladder.measuring["round_runs"]
@@ -39,7 +39,8 @@ def test_manifest_records_what_it_must(default_ladder: Ladder) -> None:
         assert sorted(p.batch for p in record.profiles) == [1, 8, 32]
         assert all(p.p50_ms <= p.p90_ms <= p.p99_ms for p in record.profiles)
         for p in record.profiles:
-            assert p.runs == interleaved if isinstance(record, Rung) and p.batch == 1 else floor <= p.runs <= cap
+            steady = isinstance(record, (Rung, Stage)) and p.batch == 1
+            assert p.runs == interleaved if steady else floor <= p.runs <= cap
         assert record.macs > 0 and record.artifact.bytes > 0
     for cascade in default_ladder.cascades:
         assert len(cascade.thresholds) == 2 and abs(sum(cascade.expected_exit_share) - 1) < 1e-9
