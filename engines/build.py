@@ -113,6 +113,7 @@ class BuildConfig:
     max_members: int = 3
     member_cascades_kept: int = 5
     member_tie_se: float = 1.0
+    member_cost_tie: float = 0.10  # ... and of those, expected costs within 10 % of the cheapest's are equal too
     backend: Backend = Backend.ONNXRUNTIME  # TENSORRT: add TensorRT plan rungs and cascades (needs a GPU)
 
     def profile(self) -> ProfileConfig:
@@ -135,7 +136,7 @@ class BuildConfig:
 
     def member_cascades(self) -> MemberCascadeConfig:
         return MemberCascadeConfig(
-            self.max_members, self.member_bound_pp, self.member_cascades_kept, self.member_tie_se
+            self.max_members, self.member_bound_pp, self.member_cascades_kept, self.member_tie_se, self.member_cost_tie
         )
 
     def ensembles(self) -> EnsembleConfig:
@@ -413,6 +414,13 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         "cheapest is kept, as auto chooses (0: the most accurate; default: %(default)s)",
     )
     p.add_argument(
+        "--member-cost-tie",
+        type=float,
+        default=BuildConfig.member_cost_tie,
+        help="member cascades: of those tied on val, expected costs within this fraction of the cheapest's count as "
+        "equal too and the most accurate on val is kept (0: the cheapest; default: %(default)s)",
+    )
+    p.add_argument(
         "--members",
         type=Path,
         nargs="*",
@@ -468,6 +476,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         member_bound_pp=args.member_bound_pp,
         member_cascades_kept=args.member_cascades,
         member_tie_se=args.member_tie_se,
+        member_cost_tie=args.member_cost_tie,
         data=args.data,
         progress=not args.quiet,
         members=members,

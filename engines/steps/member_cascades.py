@@ -12,7 +12,14 @@ an accuracy bound on 5,000 val images picked thresholds where val happened to lo
 The cascades kept are drawn from those no other beats on both val accuracy and expected cost, as `auto` chooses
 among them (service/planner.py): val accuracies within `tie_se` paired standard errors (of the difference, over
 the same val images: engines.manifest.paired_stderrs) of the most accurate count as equal, and of such a group only
-the cheapest is kept; then the next group below it, up to `keep` cascades. Each kept cascade records which val
+the cheapest is kept, or rather, of those whose expected cost is within `cost_tie` (10 %) of the cheapest's, the
+most accurate on val; then the next group below it, up to `keep` cascades. Expected costs come from batch-1
+profiles that move 4-7 % between builds (engines/steps/measure.py), and the orders of a group often lie within a
+few % of each other: on the ladder of 2026-11-26 (afternoon) the three cheapest of the top group's five cost 0.219,
+0.225 and 0.226 ms. Taking the cheapest outright, 40 builds simulated with that profile noise (sd 5 % on each
+member's p50) kept 5 different cascades, the commonest in 24; with the 10 % cost tie, 2, the commonest in 38. Over
+20 random halvings of val, choosing on one half and scoring on the other, the cost tie scored +0.06 pp (6 better,
+3 worse, 11 the same) at 1.32x against 1.28x VGG INT8's expected cost. Each kept cascade records which val
 images it answers right at each depth, for the planner's paired ties. (On
 the ladder of 2026-11-25 the five most accurate of the 9 on the front lay within 0.06 pp of val accuracy, 3
 images of 5,000, at an expected 1.44-2.67 ms; keeping them, as before, dropped the cheaper ones, 1.00-1.30 ms,
@@ -50,6 +57,7 @@ class MemberCascadeConfig:
     bound_pp: float = 0.1  # % of val answers that may differ from running every member (>= the accuracy lost)
     keep: int = 5  # at most this many cascades from the val accuracy / expected cost front
     tie_se: float = 1.0  # val accuracies within this many standard errors count as equal: the cheaper is kept
+    cost_tie: float = 0.10  # expected costs within this fraction of the group's cheapest count as equal too
 
 
 @dataclass
@@ -146,13 +154,14 @@ def search(
             by_depth = [float(r.mean()) for r in right]
             full = float((steps[-1].argmax(axis=1) == labels).mean())
             found.append(Found(order, thresholds, accuracy, by_depth, full, shares, cost, right))
-    return front(found, config.keep, config.tie_se)
+    return front(found, config.keep, config.tie_se, config.cost_tie)
 
 
-def front(found: list[Found], keep: int, tie_se: float = 0.0) -> list[Found]:
+def front(found: list[Found], keep: int, tie_se: float = 0.0, cost_tie: float = 0.0) -> list[Found]:
     """The cascades no other beats on both val accuracy and expected cost, thinned by ties: from the most
     accurate down, those within `tie_se` paired standard errors of the group's most accurate form a group, of
-    which the cheapest is kept; at most `keep`, the most accurate groups first."""
+    which the cheapest is kept, or, of those within `cost_tie` of the cheapest's expected cost, the most accurate
+    on val; at most `keep`, the most accurate groups first."""
     on_front = [
         f
         for f in found
@@ -172,7 +181,9 @@ def front(found: list[Found], keep: int, tie_se: float = 0.0) -> list[Found]:
     while rest and len(kept) < keep:
         head = rest[0]
         group = [i for i in rest if accuracy[head] - accuracy[i] <= tie_se * se[head, i]]
-        kept.append(min(group, key=lambda i: on_front[i].expected_ms))
+        cheapest = min(on_front[i].expected_ms for i in group)
+        near = [i for i in group if on_front[i].expected_ms <= cheapest * (1 + cost_tie)]
+        kept.append(max(near, key=lambda i: (accuracy[i], -on_front[i].expected_ms)))
         rest = [i for i in rest if i not in group]
     return [on_front[i] for i in kept]
 

@@ -110,6 +110,18 @@ def test_front_ties_only_what_the_paired_standard_error_cannot_tell_apart() -> N
     assert [f.order[0] for f in front([p, r, q, t], keep=5, tie_se=3.0)] == ["q"]  # 3 x 0.045 pp > 0.1 pp
 
 
+def test_of_a_tie_group_costs_within_the_cost_tie_count_as_equal_and_val_accuracy_decides() -> None:
+    """p, q and r tie on val (a few images apart, within the paired standard error). q is the cheapest; r costs 3 %
+    more, within profile noise, and is more accurate on val, so with a 10 % cost tie r is kept; p costs 20 % more and
+    stays out of the cost tie though it is the most accurate."""
+    p, q, r = _right(0, 4760), _right(60, 4812), _right(40, 4798)
+    group = [_found("p", 1.20, p), _found("q", 1.00, q), _found("r", 1.03, r)]
+    assert [f.order[0] for f in front(group, keep=1, tie_se=1.0)] == ["q"]  # no cost tie: the cheapest
+    assert [f.order[0] for f in front(group, keep=1, tie_se=1.0, cost_tie=0.10)] == ["r"]
+    assert [f.order[0] for f in front(group, keep=1, tie_se=1.0, cost_tie=0.25)] == ["p"]
+    assert [f.order[0] for f in front(group, keep=1, tie_se=0.0, cost_tie=0.10)] == ["p"]  # no accuracy tie
+
+
 def _cascade(name: str, val: float, mean_ms: float) -> MemberCascade:
     return MemberCascade.model_construct(name=name, val_accuracy=val, test_mean_ms=mean_ms, dominated=False)
 
