@@ -28,7 +28,10 @@ class Settings(BaseSettings):
         "the client reading it) and the tail of its own path",
     )
     inline_max_ms: float = Field(
-        0.1, ge=0, le=1, description="engines whose profiled median is this quick run on the event loop"
+        0.15,
+        ge=0,
+        le=1,
+        description="engines whose profiled median is this quick run on the event loop (service/scheduler.py)",
     )
     observed_window: int = Field(200, ge=10, description="observed service times kept per engine and batch size")
     include_dominated: bool = Field(
