@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.errors import InvalidRequest, NotReady
+from service.errors import DeadlineInfeasible, InvalidRequest, NotReady
 from service.planner import Plan, Policy
 from service.requests import Head, read_head, validate_options
 from service.runtime import Runtime
@@ -35,10 +35,15 @@ def plan_for(runtime: Runtime, options: ClassifyOptions, arrival: float, where: 
         raise InvalidRequest("rung: only policy=fixed takes a rung")
     if runtime.planner.budget is not None:
         runtime.planner.budget.rate.arrive()
-    deadline = arrival + options.deadline_ms / 1e3
-    time_left = (deadline - time.monotonic()) * 1e3 - runtime.paths[where].ms  # e.g. decode, hand-offs
+    deadline, path = arrival + options.deadline_ms / 1e3, runtime.paths[where]
     wait = runtime.scheduler.wait_ms(deadline)
-    return runtime.planner.plan(options.policy, time_left, wait, options.on_infeasible, options.rung)
+    while True:
+        time_left = (deadline - time.monotonic()) * 1e3 - path.ms  # e.g. decode, hand-offs
+        try:
+            return runtime.planner.plan(options.policy, time_left, wait, options.on_infeasible, options.rung)
+        except DeadlineInfeasible:
+            if not path.refused():  # dropped after many refusals and no answer: plan again without it
+                raise
 
 
 def admit(runtime: Runtime, scope: Mapping[str, Any], batch: bool, arrival: float) -> Admitted:

@@ -568,3 +568,37 @@ def test_plans_allow_for_the_path_after_planning(ladder_dir: Path) -> None:
         plan_for(runtime, options, time.monotonic())
     assert plan_for(runtime, options, time.monotonic(), "parser").name  # each place of planning has its own path
     assert runtime.planner.in_flight == runtime.scheduler.depth  # what keeps a mid-run engine's estimates (planner)
+
+
+def test_a_path_estimate_that_refuses_everything_is_dropped(ladder_dir: Path) -> None:
+    """A path estimate left over from an overload refuses every request, and so no answer comes to correct it:
+    after 20 refusals in a row with no answer between them it is dropped and the next request is planned
+    without it (seen on 2026-11-26: 3175 of 3241 requests refused at 800 req/s and 5 ms, the event loop idle)."""
+    app = create_app(Settings(ladder=ladder_dir), load_in_background=False)
+    runtime = app.state.runtime
+    fastest = min(runtime.planner.auto, key=lambda o: runtime.predictor.predict(o.engines[0]))
+    needs = runtime.predictor.predict(fastest.engines[0]) + runtime.settings.safety_margin_ms
+    options = ClassifyOptions(deadline_ms=needs + 1.0)
+    path = runtime.paths["parser"]
+    for _ in range(20):
+        path.observe(3.0)
+
+    def refusals_until_admitted() -> int:
+        refused = 0
+        while True:
+            try:
+                plan_for(runtime, options, time.monotonic(), "parser")
+                return refused
+            except DeadlineInfeasible:
+                refused += 1
+                assert refused < 100, "the estimate was never dropped"
+
+    for _ in range(10):
+        with pytest.raises(DeadlineInfeasible):
+            plan_for(runtime, options, time.monotonic(), "parser")
+    path.observe(3.0)  # an answer in between: the count starts again
+    assert refusals_until_admitted() == 19  # the 20th refusal drops the estimate, and that request is admitted
+    assert path.ms == 0.0
+    for _ in range(20):
+        path.observe(3.0)
+    assert path.ms == pytest.approx(3.0)  # new answers bring it back
