@@ -37,13 +37,17 @@ def plan_for(runtime: Runtime, options: ClassifyOptions, arrival: float, where: 
         runtime.planner.budget.rate.arrive()
     deadline, path = arrival + options.deadline_ms / 1e3, runtime.paths[where]
     wait = runtime.scheduler.wait_ms(deadline)
-    while True:
+
+    def plan() -> Plan:
         time_left = (deadline - time.monotonic()) * 1e3 - path.ms  # e.g. decode, hand-offs
-        try:
-            return runtime.planner.plan(options.policy, time_left, wait, options.on_infeasible, options.rung)
-        except DeadlineInfeasible:
-            if not path.refused():  # dropped after many refusals and no answer: plan again without it
-                raise
+        return runtime.planner.plan(options.policy, time_left, wait, options.on_infeasible, options.rung)
+
+    try:
+        return plan()
+    except DeadlineInfeasible:
+        if not path.refused():
+            raise
+    return plan()  # the estimate was dropped (many refusals, no answer): once more without it
 
 
 def admit(runtime: Runtime, scope: Mapping[str, Any], batch: bool, arrival: float) -> Admitted:

@@ -31,6 +31,7 @@ from service.admission import plan_for
 from service.app import create_app
 from service.config import Settings
 from service.errors import DeadlineInfeasible, QueueFull
+from service.runtime import Runtime
 from service.schemas import ClassifyOptions
 from service.timing import PathTime
 from tests.test_routes import _scope
@@ -538,6 +539,14 @@ def test_healthz_turns_503_when_the_worker_died_and_readyz_keeps_details_in_the_
     assert r.status_code == 503 and r.json()["code"] == "load_failed" and "secret" not in r.text
 
 
+def _fastest_fits_by_1_ms(ladder_dir: Path) -> tuple[Runtime, ClassifyOptions]:
+    """A runtime (nothing loaded) and options whose deadline the fastest plan fits with 1 ms to spare."""
+    runtime = create_app(Settings(ladder=ladder_dir), load_in_background=False).state.runtime
+    fastest = min(runtime.planner.auto, key=lambda o: runtime.predictor.predict(o.engines[0]))
+    needs = runtime.predictor.predict(fastest.engines[0]) + runtime.settings.safety_margin_ms
+    return runtime, ClassifyOptions(deadline_ms=needs + 1.0)
+
+
 def test_plans_allow_for_the_path_after_planning(ladder_dir: Path) -> None:
     """A deadline only the engine fits is refused up front (503), not computed and answered late (504): the
     plan allows for the median time requests spend after their plan outside the engines (decode, hand-offs)."""
@@ -555,11 +564,7 @@ def test_plans_allow_for_the_path_after_planning(ladder_dir: Path) -> None:
     assert path.ms == 0.0
     path.observe(0.1)
     assert path.ms == pytest.approx(0.1)  # the old samples are gone with it
-    app = create_app(Settings(ladder=ladder_dir), load_in_background=False)
-    runtime = app.state.runtime
-    fastest = min(runtime.planner.auto, key=lambda o: runtime.predictor.predict(o.engines[0]))
-    needs = runtime.predictor.predict(fastest.engines[0]) + runtime.settings.safety_margin_ms
-    options = ClassifyOptions(deadline_ms=needs + 1.0)
+    runtime, options = _fastest_fits_by_1_ms(ladder_dir)
     # Each plan as if its request had just arrived: the time the test itself takes between plans is not the point.
     assert plan_for(runtime, options, time.monotonic()).name  # nothing observed yet: the deadline fits
     for _ in range(20):
@@ -574,11 +579,7 @@ def test_a_path_estimate_that_refuses_everything_is_dropped(ladder_dir: Path) ->
     """A path estimate left over from an overload refuses every request, and so no answer comes to correct it:
     after 20 refusals in a row with no answer between them it is dropped and the next request is planned
     without it (seen on 2026-11-26: 3175 of 3241 requests refused at 800 req/s and 5 ms, the event loop idle)."""
-    app = create_app(Settings(ladder=ladder_dir), load_in_background=False)
-    runtime = app.state.runtime
-    fastest = min(runtime.planner.auto, key=lambda o: runtime.predictor.predict(o.engines[0]))
-    needs = runtime.predictor.predict(fastest.engines[0]) + runtime.settings.safety_margin_ms
-    options = ClassifyOptions(deadline_ms=needs + 1.0)
+    runtime, options = _fastest_fits_by_1_ms(ladder_dir)
     path = runtime.paths["parser"]
     for _ in range(20):
         path.observe(3.0)
