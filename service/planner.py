@@ -17,6 +17,7 @@ caution leaves no option, or only options less accurate than it, the most accura
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -41,6 +42,9 @@ from service.predictor import LatencyPredictor
 
 # Combines the logits of the members run so far into the answer's logits (a member cascade's stacker).
 Combiner = Callable[[Sequence[np.ndarray]], np.ndarray]
+# An option's steps as predicted now: when each step ends (each at its p99, after the ones before it), and what the
+# steps up to each cost a request on average (Planner._steps).
+Steps = tuple[list[float], list[float]]
 
 
 class Policy(StrEnum):
@@ -146,13 +150,13 @@ class Ties:
                     self.row[(o.name, depth)] = len(rows)
                     rows.append(unpack_right(packed, images))
         if rows:
-            self.se = paired_stderrs(np.asarray(rows))
+            self.se: list[list[float]] = paired_stderrs(np.asarray(rows)).tolist()  # plain floats: read per plan
 
     def margin(self, accuracy: float, a: tuple[str, int], b: tuple[str, int]) -> float:
         """How far below `accuracy` (option a's, at its depth) option b may be and still count as equal to a."""
         i, j = self.row.get(a), self.row.get(b)
         if i is not None and j is not None:
-            return self.tie_se * float(self.se[i, j])
+            return self.tie_se * self.se[i][j]
         return self.tie_se * accuracy_stderr(accuracy, self.images)
 
 
@@ -187,12 +191,20 @@ class Planner:
         # engine may be mid-run, so the predictor's estimates are not dropped as idle (see plan).
         self.in_flight: Callable[[], int] = lambda: 0
         self._quick: dict[frozenset[str], Option | None] = {}  # _quick_and_accurate's, per set of engines out
+        # Each option's predicted steps (_steps), for the predictions of one LatencyPredictor.version.
+        self._steps_of: dict[str, Steps] = {}
+        self._steps_version = -1
+        # auto's choice for each way its options fit (_best_within), for the same predictions.
+        self._choices: dict[tuple[int, ...], Option | None] = {}
 
     def take_out(self, engine: str) -> None:
         """An engine failed: no plan uses it from now on."""
         self.out.add(engine)
+        self._steps_version = -1  # auto's choices were made among its options
 
     def _usable(self, options: list[Option]) -> list[Option]:
+        if not self.out:
+            return options
         return [o for o in options if not self.out.intersection(o.engines)]
 
     @property
@@ -213,23 +225,37 @@ class Planner:
         if plan.policy is Policy.AUTO and self.caution is not None:
             self.caution.answered(slack_ms)
 
-    def steps_within(self, option: Option, budget_ms: float, p99: dict[str, float] | None = None) -> tuple[int, float]:
+    def _table(self) -> dict[str, Steps]:
+        """The options' predicted steps (`_steps`) for the predictions as they stand now: kept until one changes,
+        and with them auto's choices (`_best_within`)."""
+        version = self.predictor.version
+        if version != self._steps_version:  # one assignment each: a plan on another thread at worst works
+            self._steps_of, self._choices, self._steps_version = {}, {}, version  # something out once more
+        return self._steps_of
+
+    def _steps(self, option: Option, table: dict[str, Steps]) -> Steps:
+        """The option's Steps, from `table` or worked out into it: each step at its predicted p99, its cost its typical
+        time (ms of engine time) weighted by how often the step runs. Options that share an engine share its
+        prediction."""
+        steps = table.get(option.name)
+        if steps is None:
+            predictor = self.predictor
+            ends, costs, elapsed, cost = [], [], 0.0, 0.0
+            for reach, engine in zip(option.reach, option.engines, strict=True):
+                t = predictor.predict(engine)
+                elapsed += t
+                cost += reach * t * predictor.typical_share(engine)
+                ends.append(elapsed)
+                costs.append(cost)
+            steps = table[option.name] = (ends, costs)
+        return steps
+
+    def steps_within(self, option: Option, budget_ms: float) -> tuple[int, float]:
         """How many of the option's steps fit in `budget_ms` (each at its predicted p99), and what those steps cost
-        a request on average (ms of engine time: each step's typical time, weighted by how often the step runs).
-        `p99` keeps predictions across the options of one plan (they share engines): one prediction per engine."""
-        p99 = {} if p99 is None else p99
-        predictor = self.predictor
-        depth, elapsed, cost = 0, 0.0, 0.0
-        for reach, engine in zip(option.reach, option.engines, strict=True):
-            t = p99.get(engine)
-            if t is None:
-                t = p99[engine] = predictor.predict(engine)
-            elapsed += t
-            if elapsed > budget_ms:
-                break
-            depth += 1
-            cost += reach * t * predictor.typical_share(engine)
-        return depth, cost
+        a request on average (ms of engine time: each step's typical time, weighted by how often the step runs)."""
+        ends, costs = self._steps(option, self._table())
+        depth = bisect_right(ends, budget_ms)
+        return depth, costs[depth - 1] if depth else 0.0
 
     def depth_within(self, option: Option, budget_ms: float) -> int:
         """How many of the option's steps fit in `budget_ms` (each at its predicted p99)."""
@@ -247,21 +273,42 @@ class Planner:
         """What the whole option costs a request on average (ms of engine time), as `steps_within` counts it."""
         return self.steps_within(option, float("inf"))[1]
 
-    def _best_within(self, options: list[Option], budget_ms: float, cost_cap_ms: float = float("inf")) -> Option | None:
+    def _best_within(
+        self, options: list[Option], budget_ms: float, cost_cap_ms: float = float("inf"), remember: bool = False
+    ) -> Option | None:
         """The option worth most within the time budget: the cheapest (average cost) of those whose accuracy
         at the depth that fits is within `ties` of the best's, then the more accurate.
 
         Options whose average cost is over `cost_cap_ms` (what the load leaves a request) are left out; when
         every option that fits is over it, the one that costs least answers.
+
+        The choice depends only on how many steps of each option fit and whether that is over the cap. With
+        `remember` (auto's options in service, the only list plan passes), it is kept for each such fit until the
+        predictions change: a request then costs a pass over the options, not the weighing (bench.planner).
         """
+        table = self._table()
+        fit: list[int] = []  # per option: the steps that fit; negative when they cost more than the cap
+        for option in options:
+            ends, costs = table.get(option.name) or self._steps(option, table)
+            depth = bisect_right(ends, budget_ms)
+            fit.append(-depth if depth and costs[depth - 1] > cost_cap_ms else depth)
+        if not remember:
+            return self._weigh(options, fit, table)
+        key = tuple(fit)
+        choices = self._choices
+        if key not in choices:
+            choices[key] = self._weigh(options, fit, table)
+        return choices[key]
+
+    def _weigh(self, options: list[Option], fit: list[int], table: dict[str, Steps]) -> Option | None:
+        """_best_within's choice, given each option's fit."""
         cheapest, least = None, float("inf")
         reachable: list[tuple[float, float, Option, int]] = []  # (accuracy at the depth that fits, cost, option, depth)
-        p99: dict[str, float] = {}  # options share engines: each is predicted once per plan
-        for option in options:
-            depth, cost = self.steps_within(option, budget_ms, p99)
+        for option, depth in zip(options, fit, strict=True):
             if depth == 0:
                 continue
-            if cost > cost_cap_ms:
+            cost = table[option.name][1][abs(depth) - 1]
+            if depth < 0:
                 if cost < least:
                     cheapest, least = option, cost
                 continue
@@ -346,7 +393,7 @@ class Planner:
         if policy is Policy.AUTO:
             cautious = (time_left_ms - self.margin_ms) / self.factor(policy) - wait_ms  # factor x (wait + steps)
             cap = self.budget.ms() if self.budget is not None else float("inf")
-            chosen = self._best_within(self._usable(self.auto), cautious, cap)
+            chosen = self._best_within(self._usable(self.auto), cautious, cap, remember=True)
             if self.quick_fallback:
                 chosen = self._no_worse_than_quick(chosen, cautious, budget, cap)
             if chosen is not None:

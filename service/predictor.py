@@ -15,6 +15,7 @@ MIN_OBSERVATIONS = 20  # below this many observations of (engine, batch), trust 
 HORIZON_S = 10.0  # observations older than this are forgotten: a burst's slow runs must not outlive it
 IDLE_S = 0.5  # the span over which forget_if_starved weighs runs against refusals
 STARVED = 20  # ... and drops the observations when the engines ran less than once per this many refusals
+STEADY = 0.02  # an estimate recomputed within 2 % of the one it replaces keeps the old value (see _moved)
 
 
 class LatencyPredictor:
@@ -26,7 +27,10 @@ class LatencyPredictor:
     is that p90 times the profile's own p99/p90 ratio. An observed p99 follows the rare run that waited
     milliseconds for the GIL or a core; plans built on it refused work, which kept the server busy refusing,
     which made more runs wait. The p90 moves with the machine's speed and steady contention, not with its
-    hiccups (the median alone let too much through under contention: answers came late).
+    hiccups (the median alone let too much through under contention: answers came late). A recomputed estimate
+    within STEADY (2 %) of the one it replaces keeps the old value: so the predictions, and what the planner works
+    out from them (`version`), change some 50 times in 3,000 plans under load instead of every few requests
+    (`python -m bench.planner`).
 
     Pooled: an (engine, batch) without enough samples of its own is scaled by the machine's slowdown,
     the summed observed time over the summed profiled p90 of every recent run of every engine (never below 1:
@@ -66,6 +70,8 @@ class LatencyPredictor:
         self._tables = {"p50": self._prior_p50, "p90": self._prior_p90, "p99": self._prior}
         self._interpolated: dict[tuple[str, str, int], float] = {}
         self._typical_share: dict[tuple[str, int], float] = {}
+        self._version = 0  # bumped whenever a prediction may have changed (see `version`)
+        self._stale_at = float("inf")  # when the next estimate goes stale (HORIZON_S after it was computed)
 
     def prior(self, engine: str, batch: int, percentile: str = "p99") -> float:
         """The builder's profile at `batch` (p50, p90 or p99), interpolated; worked out once per key (np.interp
@@ -92,6 +98,24 @@ class LatencyPredictor:
             return self.prior(engine, batch)
         tail = self.prior(engine, batch) / max(self.prior(engine, batch, "p90"), 1e-6)
         return observed[1] * max(tail, 1.0)
+
+    @property
+    def version(self) -> int:
+        """A number that changes whenever any prediction may have: a new estimate, dropped ones, or one gone stale
+        (older than HORIZON_S). Between changes every `predict` returns the same, so callers may keep what they
+        worked out from the predictions (service/planner.py keeps each option's predicted steps)."""
+        if time.monotonic() > self._stale_at:
+            with self._lock:
+                self._changed(time.monotonic())
+        return self._version
+
+    def _changed(self, now: float) -> None:
+        """Under the lock: a prediction changed; the next one to go stale sets `_stale_at`."""
+        self._version += 1
+        stamps = [t for t, _ in self._p90.values()]
+        if self._slowdown is not None:
+            stamps.append(self._slowdown[0])
+        self._stale_at = min((t + HORIZON_S for t in stamps if t + HORIZON_S >= now), default=float("inf"))
 
     def typical_share(self, engine: str, batch: int = 1) -> float:
         """The profile's p50 / p99: what turns a predicted p99 into the engine's typical (median) time now."""
@@ -126,6 +150,7 @@ class LatencyPredictor:
             self._p90.clear()
             self._count.clear()
             self._slowdown, self._pooled_count = None, 0
+            self._changed(now)
             return True
 
     def observe(self, engine: str, batch: int, ms: float) -> float:
@@ -138,18 +163,33 @@ class LatencyPredictor:
             samples.append((now, ms))
             self._pooled.append((now, ms, self.prior(engine, batch, "p90")))
             count = self._count[key] = self._count.get(key, 0) + 1
+            changed = False
             # Recomputing on every 10th sample keeps observe() cheap on the hot path.
             if count % 10 == 0:
                 recent = [v for t, v in samples if now - t <= HORIZON_S]
                 if len(recent) >= MIN_OBSERVATIONS:
-                    self._p90[key] = (now, float(np.percentile(recent, 90)))
+                    p90, old = float(np.percentile(recent, 90)), self._p90.get(key)
+                    changed = _moved(old, p90, now)
+                    self._p90[key] = (now, p90 if old is None or changed else old[1])
             self._pooled_count += 1
             if self._pooled_count % 10 == 0:
                 recent_pairs = [(v, p) for t, v, p in self._pooled if now - t <= HORIZON_S]
                 if len(recent_pairs) >= MIN_OBSERVATIONS:
                     observed, profiled = (sum(c) for c in zip(*recent_pairs, strict=True))
-                    self._slowdown = (now, max(observed / max(profiled, 1e-6), 1.0))
+                    slowdown, old = max(observed / max(profiled, 1e-6), 1.0), self._slowdown
+                    moved = _moved(old, slowdown, now)
+                    changed |= moved
+                    self._slowdown = (now, slowdown if old is None or moved else old[1])
+            if changed:
+                self._changed(now)
         return error
+
+
+def _moved(old: tuple[float, float] | None, new: float, now: float) -> bool:
+    """Whether an estimate recomputed as `new` replaces `old` (when, value): it is new, `old` had gone stale, or it
+    differs by more than STEADY. A smaller move is noise of the window's percentile, and keeping the old value keeps
+    the predictions (and what the planner worked out from them) unchanged; its time is refreshed either way."""
+    return old is None or now - old[0] > HORIZON_S or abs(new - old[1]) > STEADY * old[1]
 
 
 def _recent(newest_first: Iterable[float], now: float) -> int:

@@ -192,6 +192,84 @@ def test_a_plan_never_needs_more_than_the_time_left(
         spent += steps[k]
 
 
+def _weighed_afresh(planner: Planner, budget: float, cap: float) -> str | None:
+    """auto's rule (Planner._best_within) worked out from the predictions as they stand, with nothing kept."""
+    reachable, cheapest, least = [], None, float("inf")
+    for option in planner.auto:
+        elapsed, cost, depth = 0.0, 0.0, 0
+        for reach, engine in zip(option.reach, option.engines, strict=True):
+            t = planner.predictor.predict(engine)
+            elapsed += t
+            if elapsed > budget:
+                break
+            depth += 1
+            cost += reach * t * planner.predictor.typical_share(engine)
+        if depth and cost > cap:
+            cheapest, least = (option, cost) if cost < least else (cheapest, least)
+        elif depth:
+            reachable.append((option.accuracy_by_depth[depth - 1], cost, option, depth))
+    if not reachable:
+        return None if cheapest is None else cheapest.name
+    best, _, top, top_depth = max(reachable, key=lambda r: r[0])
+    tied = [r for r in reachable if best - r[0] <= planner.ties.margin(best, (top.name, top_depth), (r[2].name, r[3]))]
+    return min(tied, key=lambda r: (r[1], -r[0]))[2].name
+
+
+_step = st.tuples(
+    st.integers(0, 10**6),  # which engine runs (or none: an index past them)
+    st.floats(0.2, 20, allow_subnormal=False),  # how much slower than its profile
+    st.floats(0, 30, allow_subnormal=False),  # seconds that pass first (estimates go stale after 10)
+    st.floats(0, 50, allow_subnormal=False),  # the budget, ms
+    st.sampled_from([float("inf"), 0.05, 0.2, 0.5, 1.0, 3.0]),  # the load's cap, ms a request
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_step, min_size=1, max_size=60), st.sampled_from([0.0, 1.0, 2.0]))
+def test_autos_remembered_choices_are_the_choices_weighed_afresh(
+    ladder: Ladder, engine_names: list[str], steps: list[tuple[int, float, float, float, float]], tie_se: float
+) -> None:
+    """Whatever runs, however long passes, the choice auto keeps per fit is the one its rule makes from the
+    predictions now; and the predictor's version changes whenever a prediction does."""
+    clock = [1000.0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(time, "monotonic", lambda: clock[0])
+        predictor = LatencyPredictor([*ladder.stages, *ladder.rungs, *ladder.ensembles], window=40)
+        planner = Planner(ladder, predictor, 0.5, tie_se=tie_se)
+        seen = (predictor.version, [predictor.predict(e) for e in engine_names])
+        for pick, slowdown, wait_s, budget, cap in steps:
+            clock[0] += wait_s
+            if pick % (len(engine_names) + 1) < len(engine_names):
+                engine = engine_names[pick % (len(engine_names) + 1)]
+                for _ in range(10):  # an estimate is recomputed every 10th run
+                    predictor.observe(engine, 1, predictor.prior(engine, 1, "p50") * slowdown)
+            now = (predictor.version, [predictor.predict(e) for e in engine_names])
+            assert now[1] == seen[1] or now[0] != seen[0], "a prediction changed, the version did not"
+            seen = now
+            chosen = planner._best_within(planner.auto, budget, cap, remember=True)
+            assert (None if chosen is None else chosen.name) == _weighed_afresh(planner, budget, cap)
+
+
+def test_autos_remembered_choice_follows_a_slower_engine(ladder: Ladder) -> None:
+    """The cheapest of the options tied for accuracy answers; once its engine runs far slower, another does (the
+    same fit, a new choice: what auto remembered is dropped with the predictions it was made on)."""
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs, *ladder.ensembles])
+    planner = Planner(ladder, predictor, 0.5, tie_se=2.0)
+
+    def run(engine: str, slowdown: float) -> None:
+        for _ in range(20):  # enough for an estimate of its own
+            predictor.observe(engine, 1, predictor.prior(engine, 1, "p50") * slowdown)
+
+    for engine in {e for option in planner.auto for e in option.engines}:
+        run(engine, 1.0)
+    first = planner._best_within(planner.auto, 50.0, float("inf"), remember=True)
+    assert first is not None and len(first.engines) == 1
+    run(first.engines[0], 20.0)
+    second = planner._best_within(planner.auto, 50.0, float("inf"), remember=True)
+    assert second is not None and second.name != first.name
+    assert second.name == _weighed_afresh(planner, 50.0, float("inf"))
+
+
 # -- the queue ------------------------------------------------------------------------------------------------
 
 _op = st.one_of(
