@@ -6,6 +6,7 @@ import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from engines.manifest import Ensemble, Ladder, Rung, load_ladder
 from loadtest.client import LoadConfig, check_target
 from loadtest.harness import png_base64, running_server
 from loadtest.http import ConnectionPool
-from loadtest.report import hindsight, stat
+from loadtest.report import hindsight, picked_elsewhere, stat, targets
+from loadtest.results import Cell, PolicySpec
 from loadtest.schedule import DeadlineMix, image_order, make_workload, poisson_offsets
 from loadtest.summary import Record, read_records, summarize
 from loadtest.sweep import (
@@ -311,6 +313,25 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
     assert all(r.images == 2 * 20 and r.test_accuracy == records[r.plan].test_accuracy for r in result.sample)
     assert "the sweep's images" in report and f"`{result.sample[0].plan}`" in report
     assert len(list((tmp_path / "records").glob("*.jsonl"))) == len(result.cells)
+
+
+def test_the_best_fixed_plan_picked_on_other_repeats_is_not_lifted_by_their_noise() -> None:
+    """Hand-made cells (no server): fixed A scores 90 / 50 / 50 % over three repeats (one lucky run), B 60 % in each.
+    In hindsight A is the best (63.3 %); picked on the other two repeats and scored on the third, B is picked once
+    (60 %) and A twice (50 %, 50 %): 53.3 %. auto's 58 % misses the first by more than 0.5 pp, and not the second."""
+    key = "effective_accuracy_client"
+    a, b, auto = PolicySpec("fixed:A", "fixed", "A"), PolicySpec("fixed:B", "fixed", "B"), PolicySpec("auto", "auto")
+    scores = {a: (0.9, 0.5, 0.5), b: (0.6, 0.6, 0.6), auto: (0.58, 0.58, 0.58)}
+    cells = [Cell(spec, 400.0, 5.0, [], {key: v}, k) for spec, values in scores.items() for k, v in enumerate(values)]
+    config = SimpleNamespace(rates=(400.0,), deadlines_ms=(5.0,), repeats=3)
+    result = SimpleNamespace(specs=[auto, a, b], cells=cells, config=config)
+    assert hindsight(result, 400.0, 5.0, key) == ("A", pytest.approx(0.6333, abs=1e-4))
+    assert picked_elsewhere(result, 400.0, 5.0, key) == pytest.approx(0.5333, abs=1e-4)
+    lines = targets(result, key)
+    assert "- auto >= best fixed in hindsight - 0.5 pp: 0 of 1 cells. Misses:" in lines
+    assert "- auto >= best fixed picked on the other repeats (context, not the target) - 0.5 pp: 1 of 1 cells." in lines
+    one = SimpleNamespace(specs=[auto, a, b], cells=[c for c in cells if c.repeat == 0], config=config)
+    assert picked_elsewhere(one, 400.0, 5.0, key) is None
 
 
 def test_sweep_rates_can_be_percentages_of_the_measured_capacity(
