@@ -191,16 +191,14 @@ class Planner:
         # engine may be mid-run, so the predictor's estimates are not dropped as idle (see plan).
         self.in_flight: Callable[[], int] = lambda: 0
         self._quick: dict[frozenset[str], Option | None] = {}  # _quick_and_accurate's, per set of engines out
-        # Each option's predicted steps (_steps), for the predictions of one LatencyPredictor.version.
-        self._steps_of: dict[str, Steps] = {}
-        self._steps_version = -1
-        # auto's choice for each way its options fit (_best_within), for the same predictions.
-        self._choices: dict[tuple[int, ...], Option | None] = {}
+        # For the predictions of one LatencyPredictor.version: each option's predicted steps (_steps), and auto's
+        # choice for each way its options fit (_best_within). One tuple, replaced whole: plans on two threads.
+        self._kept: tuple[int, dict[str, Steps], dict[tuple[int, ...], Option | None]] = (-1, {}, {})
 
     def take_out(self, engine: str) -> None:
         """An engine failed: no plan uses it from now on."""
         self.out.add(engine)
-        self._steps_version = -1  # auto's choices were made among its options
+        self._kept = (-1, {}, {})  # auto's choices were made among its options
 
     def _usable(self, options: list[Option]) -> list[Option]:
         if not self.out:
@@ -225,13 +223,14 @@ class Planner:
         if plan.policy is Policy.AUTO and self.caution is not None:
             self.caution.answered(slack_ms)
 
-    def _table(self) -> dict[str, Steps]:
-        """The options' predicted steps (`_steps`) for the predictions as they stand now: kept until one changes,
-        and with them auto's choices (`_best_within`)."""
+    def _table(self) -> tuple[dict[str, Steps], dict[tuple[int, ...], Option | None]]:
+        """The options' predicted steps (`_steps`) and auto's choices (`_best_within`) for the predictions as they
+        stand now: kept until one changes."""
         version = self.predictor.version
-        if version != self._steps_version:  # one assignment each: a plan on another thread at worst works
-            self._steps_of, self._choices, self._steps_version = {}, {}, version  # something out once more
-        return self._steps_of
+        kept = self._kept
+        if kept[0] != version:
+            kept = self._kept = (version, {}, {})
+        return kept[1], kept[2]
 
     def _steps(self, option: Option, table: dict[str, Steps]) -> Steps:
         """The option's Steps, from `table` or worked out into it: each step at its predicted p99, its cost its typical
@@ -253,7 +252,7 @@ class Planner:
     def steps_within(self, option: Option, budget_ms: float) -> tuple[int, float]:
         """How many of the option's steps fit in `budget_ms` (each at its predicted p99), and what those steps cost
         a request on average (ms of engine time: each step's typical time, weighted by how often the step runs)."""
-        ends, costs = self._steps(option, self._table())
+        ends, costs = self._steps(option, self._table()[0])
         depth = bisect_right(ends, budget_ms)
         return depth, costs[depth - 1] if depth else 0.0
 
@@ -286,7 +285,7 @@ class Planner:
         `remember` (auto's options in service, the only list plan passes), it is kept for each such fit until the
         predictions change: a request then costs a pass over the options, not the weighing (bench.planner).
         """
-        table = self._table()
+        table, choices = self._table()
         fit: list[int] = []  # per option: the steps that fit; negative when they cost more than the cap
         for option in options:
             ends, costs = table.get(option.name) or self._steps(option, table)
@@ -295,7 +294,6 @@ class Planner:
         if not remember:
             return self._weigh(options, fit, table)
         key = tuple(fit)
-        choices = self._choices
         if key not in choices:
             choices[key] = self._weigh(options, fit, table)
         return choices[key]
