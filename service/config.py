@@ -33,6 +33,12 @@ class Settings(BaseSettings):
         le=1,
         description="engines whose profiled median is this quick run on the event loop (service/scheduler.py)",
     )
+    inline_max_deadline_ms: float = Field(
+        5.0,
+        ge=0,
+        description="a quick engine runs inline for a request with a deadline this tight; for a looser one only while "
+        "it is the one request in the app, else on the worker, where it can be batched (service/routes/classify.py)",
+    )
     observed_window: int = Field(200, ge=10, description="observed service times kept per engine and batch size")
     include_dominated: bool = Field(
         False, description="also load and plan over options another is as accurate as and no slower than"

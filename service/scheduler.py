@@ -8,11 +8,16 @@ and the next batch takes every queued item for the same engine that still meets 
 request runs at once.
 
 A quick single request (its engine's profiled median at most `inline_max_ms`, and the engine takes
-concurrent runs, as ONNX Runtime sessions do) runs on the calling thread, the event loop, at once, beside
-whatever the worker runs. A hand-off to the worker costs two thread wake-ups and a GIL round trip: 0.1-0.2
-ms on an idle 2-vCPU machine here, milliseconds under load, more than such an engine. Running quick work
-inline only while the queue was empty made the server bistable under load: once work queued, every
-request paid the hand-off, the queue kept growing, and the planner refused most of them.
+concurrent runs, as ONNX Runtime sessions do) that its route offers inline runs on the calling thread, the
+event loop, at once, beside whatever the worker runs. A hand-off to the worker costs two thread wake-ups and a
+GIL round trip: 0.1-0.2 ms on an idle 2-vCPU machine here, milliseconds under load, more than such an engine.
+Running quick work inline only while the queue was empty made the server bistable under load: once work
+queued, every request paid the hand-off, the queue kept growing, and the planner refused most of them.
+
+So the route offers every request with a tight deadline (`inline_max_deadline_ms`, 5 ms), whatever the queue
+holds. A looser deadline affords the hand-off, and under load the event loop's time is worth more than the
+hand-off: such a request is offered only while it is the one request in the app (service/routes/classify.py;
+docs/measurements.md, "Inline by deadline").
 
 The default limit, 0.15 ms, is the issue's "~0.1 ms on the event loop" set so that the fastest rung runs inline on
 either 2-vCPU machine measured here: ResNet exit 1 INT8 profiles at 0.07-0.08 ms on the AMD EPYC and 0.11-0.13 ms on

@@ -427,6 +427,47 @@ def test_a_batch_answers_each_image_under_its_own_id_on_the_worker(
     assert runtime.in_flight == 0 and runtime.scheduler.depth() == 0
 
 
+def test_a_loose_deadline_runs_inline_only_for_the_one_request_in_the_app(
+    ladder_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone image with a deadline tighter than ANYTIME_INLINE_MAX_DEADLINE_MS (inclusive) runs on the event loop
+    whatever else is in the app; a looser one does only while it is the one request in the app, and else goes to
+    the worker, where it can be batched."""
+    app = _served(ladder_dir, inline_max_ms=1.0, inline_max_deadline_ms=1000.0)
+    runtime: Runtime = app.state.runtime
+    here = threading.current_thread().name
+
+    def single(deadline_ms: float) -> bytes:
+        return _json(image=_image(5).tolist(), deadline_ms=deadline_ms, policy="fixed", rung=EXIT1)
+
+    try:
+        assert call(app, "/v1/classify", single(5000)).status == 200  # loads the dominated rung
+        quick, busy = _hold(runtime, monkeypatch, EXIT1), _hold(runtime, monkeypatch, EXIT3)
+        assert call(app, "/v1/classify", single(5000)).status == 200
+        assert quick.threads == [here]  # alone in the app: at once, on the loop
+        quick.threads.clear()
+        busy.gate.clear()
+
+        async def scenario() -> list[Reply | None]:
+            images = _json(images=[_image(6).tolist()] * 2, deadline_ms=5000, policy="fixed", rung=EXIT3)
+            batch = asyncio.create_task(_request(app, "/v1/classify/batch", _body(images)))
+            await asyncio.to_thread(busy.entered.wait, 5)  # the worker is held inside EXIT3
+            tight = await _request(app, "/v1/classify", _body(single(1000)))
+            assert quick.threads == [here]  # answered while the worker is held: it ran on the loop
+            loose = asyncio.create_task(_request(app, "/v1/classify", _body(single(1001))))
+            await asyncio.sleep(0.1)
+            assert not loose.done() and quick.threads == [here]  # queued behind the batch
+            busy.gate.set()
+            return [tight, await batch, await loose]
+
+        replies = asyncio.run(scenario())
+        assert [r.status for r in replies if r is not None] == [200, 200, 200]
+        assert quick.threads == [here, "anytime-worker"]
+    finally:
+        busy.gate.set()
+        runtime.close()
+
+
 def test_each_image_of_a_batch_is_planned_behind_the_ones_before_it(
     queued_app: FastAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:

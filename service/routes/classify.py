@@ -200,13 +200,18 @@ def _submit(
     deadline = clock.arrival + options.deadline_ms / 1e3
     best_effort = options.on_infeasible is OnInfeasible.BEST_EFFORT
     jobs: list[Job] = []
+    # A quick engine may run on the event loop for a lone image: always for a tight deadline, and for a looser one
+    # only while it is the one request in the app; else the worker takes it, batched with others (docs/measurements.md,
+    # "Inline by deadline").
+    tight = options.deadline_ms <= runtime.settings.inline_max_deadline_ms
+    inline = len(inputs) == 1 and (tight or runtime.in_flight == 1)
     try:
         for i, (x, _) in enumerate(inputs):
             if i:  # each further image of a batch is planned with the ones before it in the queue
                 plan = plan_for(runtime, options, clock.arrival)
             job_id = f"{request_id}.{i}" if batch else request_id
             job = Job(job_id, clock.arrival, deadline, x, plan, waiter.job_done, best_effort)
-            runtime.scheduler.submit(job, inline=len(inputs) == 1)
+            runtime.scheduler.submit(job, inline=inline)
             jobs.append(job)
     except ApiError:
         for job in jobs:  # all or nothing: what was queued is withdrawn, and answered by this error
