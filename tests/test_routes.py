@@ -440,9 +440,9 @@ def test_a_loose_deadline_runs_inline_only_for_the_one_request_in_the_app(
     def single(deadline_ms: float) -> bytes:
         return _json(image=_image(5).tolist(), deadline_ms=deadline_ms, policy="fixed", rung=EXIT1)
 
-    try:
-        assert call(app, "/v1/classify", single(5000)).status == 200  # loads the dominated rung
-        quick, busy = _hold(runtime, monkeypatch, EXIT1), _hold(runtime, monkeypatch, EXIT3)
+    assert call(app, "/v1/classify", single(5000)).status == 200  # loads the dominated rung
+    quick, busy = _hold(runtime, monkeypatch, EXIT1), _hold(runtime, monkeypatch, EXIT3)
+    try:  # `finally` below needs `busy`: a failure before it leaves nothing held
         assert call(app, "/v1/classify", single(5000)).status == 200
         assert quick.threads == [here]  # alone in the app: at once, on the loop
         quick.threads.clear()
