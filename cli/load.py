@@ -86,7 +86,8 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
         "p99 at batch 1; fixed-best: the highest val accuracy; auto-bare / auto-unloaded / auto-most-accurate / "
         "auto-server-late / auto-fastest-fallback: auto without caution / without the load budget / without ties / "
         "with caution counting only answers late at the server / with the quickest first step where caution leaves "
-        "no option, each on a server of its own as auto is (side by side); "
+        "no option, each on a server of its own as auto is (side by side); auto-shared: auto on the server the "
+        "fixed columns share; "
         "fixed:NAME: the ladder's option NAME; "
         "baseline: the plain server of loadtest/baseline.py (default: %(default)s)",
     )

@@ -268,9 +268,11 @@ def _method(result: SweepResult) -> list[str]:
         f"images in a seeded order: repeat k draws seed {c.seed} + k for its arrivals and its images, so every cell "
         "of one repeat sends the same images and each repeat other ones; PNG-encoded before the run, sent by one "
         "asyncio client over a pre-warmed pool of keep-alive connections (`loadtest/http.py`); every answer is "
-        "scored against its label. `auto` and each `auto-*` column run on an Anytime server of their own; static, "
-        "cascade and the fixed columns share one. A server serves its cells in turn, so its online estimates "
-        "(engine times, arrival rate, caution) carry over between its cells.",
+        "scored against its label. `auto` and each `auto-*` column but `auto-shared` run on an Anytime server of "
+        "their own; static, cascade, `auto-shared` and the fixed columns share one. A server serves its cells in "
+        "turn, so its online estimates (engine times, arrival rate, caution) carry over between its cells. The "
+        f"columns of a cell run in a random order, seeded by {c.seed}, the repeat, the rate and the deadline, so "
+        "that no column always runs first, after the cell before (`loadtest/sweep.py: column_order`).",
         "",
         f"Figures: {METHOD}",
     ]

@@ -89,7 +89,8 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     auto-most-accurate, auto-server-late and auto-fastest-fallback: auto without caution, without the load budget,
     without ties, with caution counting only answers late at the server, or with the quickest first step where
     caution leaves no option, for a side-by-side comparison (auto and each of these run on an Anytime server of its
-    own: OWN_SERVERS); baseline: loadtest/baseline.py. An unknown name raises ValueError.
+    own: OWN_SERVERS); auto-shared: auto on the server the fixed columns share; baseline: loadtest/baseline.py. An
+    unknown name raises ValueError.
     """
     specs = []
     for name in names:
@@ -97,6 +98,8 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
             specs.append(PolicySpec(name, "auto", server=name))
         elif name in ("cascade", "static"):
             specs.append(PolicySpec(name, name))
+        elif name == "auto-shared":  # auto on the server of static, cascade and the fixed columns
+            specs.append(PolicySpec(name, "auto"))
         elif name == "front":
             specs += [PolicySpec(f"fixed:{plan}", "fixed", plan) for plan in served_plans(ladder)]
         elif name == "fixed-fast":
@@ -319,6 +322,16 @@ def _servers(ladder_dir: Path, servers: set[str]) -> Iterator[dict[str, str]]:
         yield urls
 
 
+def column_order(specs: list[PolicySpec], seed: int, repeat: int, rate: float, deadline_ms: float) -> list[PolicySpec]:
+    """The order the columns of one cell run in: a random permutation, seeded by the sweep's seed, the repeat, the
+    rate and the deadline. The machine's speed drifts over seconds to minutes; in a fixed order one column always
+    ran first in each cell, right after the last column of the cell before, and a drift that lines up with the
+    order favours some columns over others in every repeat. A random order spreads it over all of them (each
+    repeat of a cell has its own order), and the same seed gives the same order again."""
+    rng = np.random.default_rng([seed, repeat, round(rate * 1000), round(deadline_ms * 1000)])
+    return [specs[i] for i in rng.permutation(len(specs))]
+
+
 def _cell_name(cell: Cell) -> str:
     return f"rate{cell.rate:g}_d{cell.deadline_ms:g}_{cell.spec.label.replace(':', '-')}_r{cell.repeat}"
 
@@ -346,7 +359,13 @@ def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
             if load_capacity.rate is None:
                 raise RuntimeError(f"no rate kept up, down to {config.capacity_start / 2**EXPAND_STEPS:g} req/s")
             rates = tuple(round(load_capacity.rate * p / 100, 1) for p in config.load)
-        grid = [(r, d, s, k) for k in range(config.repeats) for r in rates for d in config.deadlines_ms for s in specs]
+        grid = [
+            (r, d, s, k)
+            for k in range(config.repeats)
+            for r in rates
+            for d in config.deadlines_ms
+            for s in column_order(specs, config.seed, k, r, d)
+        ]
         for rate, deadline, spec, k in tqdm(grid, desc="sweep", unit="cell", disable=not config.progress):
             records, metrics = runner.run(spec, rate, deadline, repeat=k)
             cells.append(Cell(spec, rate, deadline, records, metrics, k))

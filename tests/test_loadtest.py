@@ -23,6 +23,7 @@ from loadtest.summary import Record, read_records, summarize
 from loadtest.sweep import (
     SweepConfig,
     capacity_passes,
+    column_order,
     find_capacity,
     policy_specs,
     run_sweep,
@@ -384,6 +385,21 @@ def test_frontdoor_refusal_p99_can_leave_out_requests_that_opened_a_connection()
     assert trial.new_connections() == 2
 
 
+def test_each_cell_runs_its_columns_in_a_seeded_random_order() -> None:
+    specs = [PolicySpec(f"fixed:{i}", "fixed", str(i)) for i in range(8)]
+    orders = [
+        column_order(specs, 0, repeat, rate, deadline)
+        for repeat in range(3)
+        for rate in (200.0, 800.0)
+        for deadline in (2.0, 2.5, 20.0)
+    ]
+    assert all(sorted(o, key=lambda s: s.label) == specs for o in orders)  # each a permutation of the columns
+    assert column_order(specs, 0, 1, 800.0, 2.5) == orders[6 + 3 + 1]  # the same seed and cell: the same order
+    assert column_order(specs, 1, 1, 800.0, 2.5) != orders[6 + 3 + 1]  # another seed: another order
+    # No column always runs first (18 groups of 8 columns: a fixed order would put the same one first in all 18).
+    assert len({o[0].label for o in orders}) > 2 and len({tuple(s.label for s in o) for o in orders}) == len(orders)
+
+
 def test_sweep_policies_name_a_fixed_option_or_are_refused_before_any_server_starts(
     ladder_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -392,10 +408,11 @@ def test_sweep_policies_name_a_fixed_option_or_are_refused_before_any_server_sta
     (spec,) = policy_specs(ladder, (f"fixed:{rung}",))
     assert (spec.label, spec.policy, spec.rung) == (f"fixed:{rung}", "fixed", rung)
     # auto and each variant on a server of its own (their online estimates are their own cells'); the rest share one
-    specs = policy_specs(ladder, ("auto", "auto-bare", "static", "cascade", f"fixed:{rung}", "baseline"))
+    specs = policy_specs(ladder, ("auto", "auto-bare", "auto-shared", "static", "cascade", f"fixed:{rung}", "baseline"))
     assert [(s.label, s.policy, s.server) for s in specs] == [
         ("auto", "auto", "auto"),
         ("auto-bare", "auto", "auto-bare"),
+        ("auto-shared", "auto", "anytime"),  # auto, on the server the fixed columns share
         ("static", "static", "anytime"),
         ("cascade", "cascade", "anytime"),
         (f"fixed:{rung}", "fixed", "anytime"),
