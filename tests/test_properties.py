@@ -22,7 +22,7 @@ from models.preprocess import PreprocessSpec
 from service.errors import ApiError, BadImage, DeadlineInfeasible
 from service.images import open_item, open_plain_png, open_tensor, parse_shape, to_input
 from service.planner import OnInfeasible, Planner, Policy
-from service.predictor import LatencyPredictor
+from service.predictor import LatencyPredictor, _p90
 from service.scheduler import Job
 from tests.test_scheduler import _setup
 
@@ -225,6 +225,11 @@ _step = st.tuples(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.floats(0.001, 100.0), min_size=1, max_size=200))  # ms; no subnormals (numpy warns of underflow)
+def test_the_predictors_p90_is_numpys(values: list[float]) -> None:
+    assert _p90(sorted(values)) == pytest.approx(float(np.percentile(values, 90)), rel=1e-12, abs=1e-12)
+
+
 @given(st.lists(_step, min_size=1, max_size=60), st.sampled_from([0.0, 1.0, 2.0]))
 def test_autos_remembered_choices_are_the_choices_weighed_afresh(
     ladder: Ladder, engine_names: list[str], steps: list[tuple[int, float, float, float, float]], tie_se: float

@@ -305,7 +305,7 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
         "precision": str(record.precision),
         "backend": str(record.backend),
         "members": members,
-        "entropy": job.entropy,
+        "entropy": float(-(probs * np.log(np.clip(probs, 1e-12, 1.0))).sum()),  # as engines.base.entropy
         "stages_run": job.step,
         "batch_sizes": job.batch_sizes,
         "latency_ms": round(latency, 3),
