@@ -45,6 +45,9 @@ Combiner = Callable[[Sequence[np.ndarray]], np.ndarray]
 # An option's steps as predicted now: when each step ends (each at its p99, after the ones before it), and what the
 # steps up to each cost a request on average (Planner._steps).
 Steps = tuple[list[float], list[float]]
+# What the planner keeps for one LatencyPredictor.version (Planner._table): the version, each option's Steps, auto's
+# choice for each (place of the budget among all step ends, place of the cap among all costs), and those ends and costs.
+Kept = tuple[int, dict[str, Steps], dict[tuple[int, int], "Option | None"], list[tuple[list[float], list[float]]]]
 
 
 class Policy(StrEnum):
@@ -191,14 +194,15 @@ class Planner:
         # engine may be mid-run, so the predictor's estimates are not dropped as idle (see plan).
         self.in_flight: Callable[[], int] = lambda: 0
         self._quick: dict[frozenset[str], Option | None] = {}  # _quick_and_accurate's, per set of engines out
-        # For the predictions of one LatencyPredictor.version: each option's predicted steps (_steps), and auto's
-        # choice for each way its options fit (_best_within). One tuple, replaced whole: plans on two threads.
-        self._kept: tuple[int, dict[str, Steps], dict[tuple[int, ...], Option | None]] = (-1, {}, {})
+        # For the predictions of one LatencyPredictor.version: each option's predicted steps (_steps), auto's choice
+        # for each way its options fit, and the bounds between those ways (_best_within). One tuple, replaced whole:
+        # plans on two threads.
+        self._kept: Kept = (-1, {}, {}, [])
 
     def take_out(self, engine: str) -> None:
         """An engine failed: no plan uses it from now on."""
         self.out.add(engine)
-        self._kept = (-1, {}, {})  # auto's choices were made among its options
+        self._kept = (-1, {}, {}, [])  # auto's choices were made among its options
 
     def _usable(self, options: list[Option]) -> list[Option]:
         if not self.out:
@@ -223,14 +227,14 @@ class Planner:
         if plan.policy is Policy.AUTO and self.caution is not None:
             self.caution.answered(slack_ms)
 
-    def _table(self) -> tuple[dict[str, Steps], dict[tuple[int, ...], Option | None]]:
-        """The options' predicted steps (`_steps`) and auto's choices (`_best_within`) for the predictions as they
-        stand now: kept until one changes."""
+    def _table(self) -> Kept:
+        """The options' predicted steps (`_steps`), auto's choices and their bounds (`_best_within`) for the
+        predictions as they stand now: kept until one changes."""
         version = self.predictor.version
         kept = self._kept
         if kept[0] != version:
-            kept = self._kept = (version, {}, {})
-        return kept[1], kept[2]
+            kept = self._kept = (version, {}, {}, [])
+        return kept
 
     def _steps(self, option: Option, table: dict[str, Steps]) -> Steps:
         """The option's Steps, from `table` or worked out into it: each step at its predicted p99, its cost its typical
@@ -252,7 +256,7 @@ class Planner:
     def steps_within(self, option: Option, budget_ms: float) -> tuple[int, float]:
         """How many of the option's steps fit in `budget_ms` (each at its predicted p99), and what those steps cost
         a request on average (ms of engine time: each step's typical time, weighted by how often the step runs)."""
-        ends, costs = self._steps(option, self._table()[0])
+        ends, costs = self._steps(option, self._table()[1])
         depth = bisect_right(ends, budget_ms)
         return depth, costs[depth - 1] if depth else 0.0
 
@@ -281,22 +285,30 @@ class Planner:
         Options whose average cost is over `cost_cap_ms` (what the load leaves a request) are left out; when
         every option that fits is over it, the one that costs least answers.
 
-        The choice depends only on how many steps of each option fit and whether that is over the cap. With
-        `remember` (auto's options in service, the only list plan passes), it is kept for each such fit until the
-        predictions change: a request then costs a pass over the options, not the weighing (bench.planner).
+        The choice depends only on how many steps of each option fit and whether that is over the cap, and so
+        only on where the budget falls among every option's step ends and the cap among their costs. With
+        `remember` (auto's options in service, the only list plan passes), it is kept for each such place until the
+        predictions change: a request then costs two bisections, not a pass over the options and the weighing
+        (bench.planner; tests/test_properties.py checks the kept choices against choices weighed afresh).
         """
-        table, choices = self._table()
+        _, table, choices, bounds = self._table()
+        if remember:
+            if not bounds:  # worked out once per version (two threads may both: the same values)
+                steps = [table.get(o.name) or self._steps(o, table) for o in options]
+                bounds.append((sorted({e for s in steps for e in s[0]}), sorted({c for s in steps for c in s[1]})))
+            ends_all, costs_all = bounds[0]
+            key = (bisect_right(ends_all, budget_ms), bisect_right(costs_all, cost_cap_ms))
+            if key in choices:
+                return choices[key]
         fit: list[int] = []  # per option: the steps that fit; negative when they cost more than the cap
         for option in options:
             ends, costs = table.get(option.name) or self._steps(option, table)
             depth = bisect_right(ends, budget_ms)
             fit.append(-depth if depth and costs[depth - 1] > cost_cap_ms else depth)
-        if not remember:
-            return self._weigh(options, fit, table)
-        key = tuple(fit)
-        if key not in choices:
-            choices[key] = self._weigh(options, fit, table)
-        return choices[key]
+        choice = self._weigh(options, fit, table)
+        if remember:
+            choices[key] = choice
+        return choice
 
     def _weigh(self, options: list[Option], fit: list[int], table: dict[str, Steps]) -> Option | None:
         """_best_within's choice, given each option's fit."""
