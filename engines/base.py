@@ -125,5 +125,9 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 def entropy(logits: np.ndarray) -> np.ndarray:
     """Shannon entropy (nats) of the softmax of each row: the cascade's stopping signal."""
-    p = softmax(logits.astype(np.float64))
-    return -(p * np.log(np.clip(p, 1e-12, 1.0))).sum(axis=1)
+    return probs_entropy(softmax(logits.astype(np.float64)))
+
+
+def probs_entropy(probs: np.ndarray) -> np.ndarray:
+    """Shannon entropy (nats) along the last axis of probabilities already worked out (`entropy` from logits)."""
+    return -(probs * np.log(np.clip(probs, 1e-12, 1.0))).sum(axis=-1)

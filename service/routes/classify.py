@@ -23,6 +23,7 @@ import orjson
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from engines.base import probs_entropy
 from engines.manifest import EngineRecord, Ensemble, Rung, Stage
 from service.admission import admit, plan_for
 from service.errors import (
@@ -305,7 +306,7 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
         "precision": str(record.precision),
         "backend": str(record.backend),
         "members": members,
-        "entropy": float(-(probs * np.log(np.clip(probs, 1e-12, 1.0))).sum()),  # as engines.base.entropy
+        "entropy": float(probs_entropy(probs)),
         "stages_run": job.step,
         "batch_sizes": job.batch_sizes,
         "latency_ms": round(latency, 3),
