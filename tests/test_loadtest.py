@@ -329,10 +329,27 @@ def test_the_best_fixed_plan_picked_on_other_repeats_is_not_lifted_by_their_nois
     assert hindsight(result, 400.0, 5.0, key) == ("A", pytest.approx(0.6333, abs=1e-4))
     assert picked_elsewhere(result, 400.0, 5.0, key) == pytest.approx(0.5333, abs=1e-4)
     lines = targets(result, key)
-    assert "- auto >= best fixed in hindsight - 0.5 pp: 0 of 1 cells. Misses:" in lines
+    # A's repeats span 40 pp: auto's gap of 5.3 pp is inside that noise.
+    assert "- auto >= best fixed in hindsight - 0.5 pp: 0 of 1 cells. Misses (0 wider than the noise):" in lines
+    assert "  - 400 req/s, 5 ms: -5.3 pp (auto's spread 0.0 pp, the reference's 40.0)" in lines
     assert "- auto >= best fixed picked on the other repeats (context, not the target) - 0.5 pp: 1 of 1 cells." in lines
     one = SimpleNamespace(specs=[auto, a, b], cells=[c for c in cells if c.repeat == 0], config=config)
     assert picked_elsewhere(one, 400.0, 5.0, key) is None
+
+
+def test_a_miss_wider_than_both_columns_spreads_is_counted_beyond_the_noise() -> None:
+    """Hand-made cells: fixed B scores 60 / 61 / 62 % and auto 55 / 56 / 57 %: a 5 pp miss, wider than either's 2 pp
+    spread; the baseline (50 / 70 / 90 %, a 40 pp spread) is above auto by 14 pp, inside its noise."""
+    key = "effective_accuracy_client"
+    b = PolicySpec("fixed:B", "fixed", "B")
+    auto, baseline = PolicySpec("auto", "auto"), PolicySpec("baseline", "baseline", "B", server="baseline")
+    scores = {b: (0.60, 0.61, 0.62), auto: (0.55, 0.56, 0.57), baseline: (0.5, 0.7, 0.9)}
+    cells = [Cell(spec, 400.0, 5.0, [], {key: v}, k) for spec, values in scores.items() for k, v in enumerate(values)]
+    config = SimpleNamespace(rates=(400.0,), deadlines_ms=(5.0,), repeats=3)
+    lines = targets(SimpleNamespace(specs=[auto, b, baseline], cells=cells, config=config), key)
+    assert "- auto >= best fixed in hindsight - 0.5 pp: 0 of 1 cells. Misses (1 wider than the noise):" in lines
+    assert "- auto >= baseline: 0 of 1 cells. Misses (0 wider than the noise):" in lines
+    assert "  - 400 req/s, 5 ms: -14.0 pp (auto's spread 2.0 pp, the reference's 40.0)" in lines
 
 
 def test_sweep_rates_can_be_percentages_of_the_measured_capacity(
