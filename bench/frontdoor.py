@@ -6,8 +6,10 @@ httptools, no access log):
 1. Concurrency 1, one keep-alive connection (a blocking socket: the cheapest client, whose own cost is in
    every figure alike), interleaved rounds. For the fastest single INT8 rung and the most accurate single
    rung: the floor (a bare FastAPI constant endpoint), the plain baseline server (loadtest/baseline.py) on
-   that rung's ONNX file, the bare engine (same session options, in this process), and Anytime fixed on
-   that rung with a JSON/base64 body, a binary PNG body and a uint8 tensor body. Then Anytime's default
+   that rung's ONNX file, the lean reference on it (loadtest/baseline.py --lean: an async route, orjson, the
+   engine inline; how little the request path can cost on this machine), the bare engine (same session options,
+   in this process), and Anytime fixed on that rung with a JSON/base64 body, a binary PNG body and a uint8 tensor
+   body. Then Anytime's default
    policy at a loose and a 2 ms deadline, and where Anytime's time goes (its Server-Timing phases).
 2. Open-loop Poisson load on the fastest INT8 rung, both servers. Capacity: the highest rate whose answers
    keep up (>= 95 % answered 200 within a loose 100 ms deadline, at the client). Then a 5 ms deadline at
@@ -155,6 +157,11 @@ def concurrency_one(
                 urls[f"plain:{rung.name}"],
                 _json_requests(urls[f"plain:{rung.name}"], pngs, deadline_ms=1000),
             ),
+            "lean": Series(
+                "lean reference: async, orjson, inline, JSON",
+                urls[f"lean:{rung.name}"],
+                _json_requests(urls[f"lean:{rung.name}"], pngs, deadline_ms=1000),
+            ),
             "json": Series(
                 "Anytime fixed, JSON/base64", urls["anytime"], _json_requests(urls["anytime"], pngs, **fixed)
             ),
@@ -234,7 +241,7 @@ def print_concurrency_one(r: dict[str, Any]) -> None:
     for role, d in r["rungs"].items():
         eng = d["engine_p50_ms"]
         print(f"\n{role} rung {d['rung']}: bare engine p50 {eng:.3f} ms")
-        for key in ("floor", "plain", "json", "png", "tensor"):
+        for key in ("floor", "plain", "lean", "json", "png", "tensor"):
             v = d[key]
             server = f"   server latency_ms p50 {v['server_p50_ms']:.3f}" if v["server_p50_ms"] is not None else ""
             print(
@@ -242,9 +249,11 @@ def print_concurrency_one(r: dict[str, Any]) -> None:
                 f"minus engine {v['p50_ms'] - eng:6.3f}{server}"
             )
         plain, any_json, any_png = d["plain"]["p50_ms"], d["json"]["p50_ms"], d["png"]["p50_ms"]
+        lean = d["lean"]["p50_ms"]
         print(
-            f"  ratios: Anytime JSON / plain {any_json / plain:.2f}x, Anytime PNG / plain {any_png / plain:.2f}x; "
-            f"Anytime JSON - engine {any_json - eng:.3f} ms (target <= 0.5), plain - engine {plain - eng:.3f} ms"
+            f"  ratios: Anytime JSON / plain {any_json / plain:.2f}x, Anytime PNG / plain {any_png / plain:.2f}x, "
+            f"Anytime JSON / lean {any_json / lean:.2f}x; Anytime JSON - engine {any_json - eng:.3f} ms (target <= "
+            f"0.5), plain - engine {plain - eng:.3f} ms, lean - engine {lean - eng:.3f} ms"
         )
     loose, tight = r["default_loose"], r["default_2ms"]
     print(
@@ -466,6 +475,7 @@ def servers(ladder_dir: Path, ladder: Ladder, out: Path) -> Iterator[tuple[dict[
         for i, rung in enumerate(pick_rungs(ladder).values()):
             log = logs["plain"] if i == 0 else out / f"plain-{rung.name}.log"
             urls[f"plain:{rung.name}"] = stack.enter_context(running_baseline(ladder_dir, rung.name, log=log))
+            urls[f"lean:{rung.name}"] = stack.enter_context(running_baseline(ladder_dir, rung.name, lean=True))
         urls["plain"] = urls[f"plain:{pick_rungs(ladder)['fastest INT8'].name}"]
         yield urls, logs
 

@@ -8,6 +8,11 @@ Anytime's engines, so a comparison measures the request path, not the engine. An
 arrival for `latency_ms` exactly as the service does.
 
     python -m loadtest.baseline --ladder ladders/default --rung exit1.int8.onnxruntime --port 8001
+
+Two more references for `bench.frontdoor`, not baselines: `--floor`, a FastAPI constant endpoint (what any request
+costs before it does anything), and `--lean`, the same model served as lean as FastAPI allows (an `async` route on
+the raw body, orjson both ways, the engine run inline on the event loop: what a request can cost around the engine
+on this machine, with nothing of a production server's, not even a thread for a slow engine).
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,21 +69,50 @@ def baseline_rung(manifest: dict[str, Any]) -> str:
     return str(max(plain, key=lambda r: r["exit"])["name"])
 
 
+class _Model:
+    """One ONNX Runtime rung of a ladder, loaded and warmed, with its preprocessing: base64 PNG/JPEG -> label."""
+
+    def __init__(self, ladder_dir: Path, rung: str | None, threads: int | None) -> None:
+        self.manifest = json.loads((Path(ladder_dir) / "ladder.json").read_text())
+        self.rung = rung or baseline_rung(self.manifest)
+        records = {r["name"]: r for r in self.manifest["rungs"] if r["backend"] == "onnxruntime"}
+        if self.rung not in records:
+            raise ValueError(f"no onnxruntime rung {self.rung!r} in {ladder_dir}")
+        self.record, pre = records[self.rung], self.manifest["preprocess"]
+        opts = session_options(threads or self.manifest["threads"])
+        self.session = ort.InferenceSession(str(Path(ladder_dir) / self.record["artifact"]["path"]), opts)
+        self.mean = np.asarray(pre["mean"], np.float32).reshape(1, -1, 1, 1)
+        self.std = np.asarray(pre["std"], np.float32).reshape(1, -1, 1, 1)
+        _, self.h, self.w = pre["input_shape"]
+        self.input = self.session.get_inputs()[0].name
+        self.session.run(None, {self.input: np.zeros((1, *pre["input_shape"]), np.float32)})  # warm-up
+
+    def decode(self, image_b64: str) -> np.ndarray:
+        """The model input (raises on an image that cannot be decoded)."""
+        data = base64.b64decode(image_b64, validate=True)
+        image = Image.open(io.BytesIO(data)).convert("L").resize((self.w, self.h))
+        return (np.asarray(image, np.float32)[None, None] / 255.0 - self.mean) / self.std
+
+    def label(self, x: np.ndarray) -> int:
+        return int(np.argmax(self.session.run(None, {self.input: x})[-1]))
+
+    def answer(self, label: int, policy: str, arrival: float, deadline_ms: float) -> dict[str, Any]:
+        finished = time.monotonic()
+        return {
+            "label": label,
+            "class_name": self.manifest["class_names"][label],
+            "rung": self.rung,
+            "policy": policy,
+            "exit": self.record["exit"],
+            "latency_ms": round((finished - arrival) * 1e3, 3),
+            "deadline_ms": deadline_ms,
+            "deadline_met": finished <= arrival + deadline_ms / 1e3,
+        }
+
+
 def create_baseline_app(ladder_dir: Path, rung: str | None = None, threads: int | None = None) -> FastAPI:
-    manifest = json.loads((Path(ladder_dir) / "ladder.json").read_text())
-    rung = rung or baseline_rung(manifest)
-    records = {r["name"]: r for r in manifest["rungs"] if r["backend"] == "onnxruntime"}
-    if rung not in records:
-        raise ValueError(f"no onnxruntime rung {rung!r} in {ladder_dir}")
-    record, pre = records[rung], manifest["preprocess"]
-    opts = session_options(threads or manifest["threads"])
-    session = ort.InferenceSession(str(Path(ladder_dir) / record["artifact"]["path"]), opts)
-    mean = np.asarray(pre["mean"], np.float32).reshape(1, -1, 1, 1)
-    std = np.asarray(pre["std"], np.float32).reshape(1, -1, 1, 1)
-    _, h, w = pre["input_shape"]
-    name = session.get_inputs()[0].name
-    session.run(None, {name: np.zeros((1, *pre["input_shape"]), np.float32)})  # warm-up
-    app = FastAPI(title="Anytime baseline", description=f"{rung} on ONNX Runtime, served plainly.")
+    model = _Model(ladder_dir, rung, threads)
+    app = FastAPI(title="Anytime baseline", description=f"{model.rung} on ONNX Runtime, served plainly.")
 
     app.add_middleware(_Stamp)
 
@@ -88,22 +123,34 @@ def create_baseline_app(ladder_dir: Path, rung: str | None = None, threads: int 
     @app.post("/v1/classify")
     def classify(body: BaselineRequest, request: Request) -> Any:
         try:
-            image = Image.open(io.BytesIO(base64.b64decode(body.image, validate=True))).convert("L").resize((w, h))
+            x = model.decode(body.image)
         except Exception as e:
             return JSONResponse({"code": "bad_image", "message": f"cannot decode the image: {e}"}, status_code=400)
-        x = (np.asarray(image, np.float32)[None, None] / 255.0 - mean) / std
-        label = int(np.argmax(session.run(None, {name: x})[-1]))
-        arrival, finished = request.state.arrival, time.monotonic()
-        return {
-            "label": label,
-            "class_name": manifest["class_names"][label],
-            "rung": rung,
-            "policy": "baseline",
-            "exit": record["exit"],
-            "latency_ms": round((finished - arrival) * 1e3, 3),
-            "deadline_ms": body.deadline_ms,
-            "deadline_met": finished <= arrival + body.deadline_ms / 1e3,
-        }
+        return model.answer(model.label(x), "baseline", request.state.arrival, body.deadline_ms)
+
+    return app
+
+
+def create_lean_app(ladder_dir: Path, rung: str | None = None, threads: int | None = None) -> FastAPI:
+    """The same model as lean as FastAPI allows: `async`, the raw body, orjson both ways, the engine inline."""
+    model = _Model(ladder_dir, rung, threads)
+    app = FastAPI(title="Anytime lean reference", description=f"{model.rung} on ONNX Runtime, inline on the loop.")
+    app.add_middleware(_Stamp)
+
+    @app.get("/readyz")
+    async def ready() -> dict[str, str]:
+        return {"status": "ready"}
+
+    @app.post("/v1/classify")
+    async def classify(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+            x, deadline_ms = model.decode(body["image"]), float(body["deadline_ms"])
+        except Exception as e:
+            error = {"code": "bad_request", "message": f"cannot read the request: {type(e).__name__}: {e}"}
+            return Response(orjson.dumps(error), 400, media_type="application/json")
+        answer = model.answer(model.label(x), "lean", request.scope["state"]["arrival"], deadline_ms)
+        return Response(orjson.dumps(answer), media_type="application/json")
 
     return app
 
@@ -136,12 +183,18 @@ def create_floor_app() -> FastAPI:
 
 @contextmanager
 def running_baseline(
-    ladder_dir: Path, rung: str | None = None, timeout_s: float = 120, floor: bool = False, log: Path | None = None
+    ladder_dir: Path,
+    rung: str | None = None,
+    timeout_s: float = 120,
+    floor: bool = False,
+    log: Path | None = None,
+    lean: bool = False,
 ) -> Iterator[str]:
-    """Start the baseline (or the floor) as its own process on a free loopback port; yields its URL."""
+    """Start the baseline (or the floor, or the lean reference) as its own process on a free loopback port; yields
+    its URL."""
     port = free_port()
     argv = [sys.executable, "-m", "loadtest.baseline", "--ladder", str(ladder_dir), "--port", str(port)]
-    argv += (["--rung", rung] if rung else []) + (["--floor"] if floor else [])
+    argv += (["--rung", rung] if rung else []) + (["--floor"] if floor else []) + (["--lean"] if lean else [])
     with running_process(argv, port, timeout_s, log_path=log) as url:
         yield url
 
@@ -153,9 +206,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--threads", type=int, help="engine threads (default: the ladder's)")
-    parser.add_argument("--floor", action="store_true", help="serve a constant answer instead (the floor)")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--floor", action="store_true", help="serve a constant answer instead (the floor)")
+    form.add_argument("--lean", action="store_true", help="serve the rung as lean as FastAPI allows (a reference)")
     args = parser.parse_args(argv)
-    app = create_floor_app() if args.floor else create_baseline_app(args.ladder, args.rung, args.threads)
+    if args.floor:
+        app = create_floor_app()
+    elif args.lean:
+        app = create_lean_app(args.ladder, args.rung, args.threads)
+    else:
+        app = create_baseline_app(args.ladder, args.rung, args.threads)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **UVICORN_FLAGS)
 
 

@@ -389,6 +389,25 @@ def test_baseline_answers_like_the_service(ladder_dir: Path, fmnist: FashionMNIS
     assert bad.status_code == 400 and bad.json()["code"] == "bad_image"
 
 
+@pytest.mark.slow
+def test_the_lean_reference_answers_as_the_baseline_does(ladder_dir: Path, fmnist: FashionMNIST) -> None:
+    """bench.frontdoor's lean reference (an async route, orjson, the engine inline) serves the same rung to the same
+    labels as the plain baseline; what it cannot read is a 400 with a JSON code, not a 500."""
+    from fastapi.testclient import TestClient
+
+    from loadtest.baseline import create_baseline_app, create_lean_app
+
+    rung = next(r.name for r in load_ladder(ladder_dir).rungs if r.precision == "int8")
+    plain, lean = TestClient(create_baseline_app(ladder_dir, rung)), TestClient(create_lean_app(ladder_dir, rung))
+    for image in fmnist.split("test").images[:20]:
+        request = {"image": png_base64(image), "deadline_ms": 1000}
+        want, got = plain.post("/v1/classify", json=request).json(), lean.post("/v1/classify", json=request).json()
+        assert got["label"] == want["label"] and got["rung"] == rung and got["policy"] == "lean" and got["deadline_met"]
+    for bad in (b"not json", b'{"image": "not base64!", "deadline_ms": 10}', b'{"deadline_ms": 10}'):
+        answer = lean.post("/v1/classify", content=bad, headers={"content-type": "application/json"})
+        assert answer.status_code == 400 and answer.json()["code"] == "bad_request"
+
+
 def test_frontdoor_refusal_p99_can_leave_out_requests_that_opened_a_connection() -> None:
     from bench.frontdoor import Trial
 
