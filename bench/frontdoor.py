@@ -9,8 +9,8 @@ httptools, no access log):
    that rung's ONNX file, the lean reference on it (loadtest/baseline.py --lean: an async route, orjson, the
    engine inline; how little the request path can cost on this machine), the bare engine (same session options,
    in this process), and Anytime fixed on that rung with a JSON/base64 body, a binary PNG body and a uint8 tensor
-   body. Then Anytime's default
-   policy at a loose and a 2 ms deadline, and where Anytime's time goes (its Server-Timing phases).
+   body. Then Anytime's default policy at a loose and a 2 ms deadline, and where Anytime's time goes (its
+   Server-Timing phases).
 2. Open-loop Poisson load on the fastest INT8 rung, both servers. Capacity: the highest rate whose answers
    keep up (>= 95 % answered 200 within a loose 100 ms deadline, at the client). Then a 5 ms deadline at
    25/50/70/100/200 % of Anytime's capacity: on time at the client (200 within 5 ms of sending), status

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from loadtest.results import Cell, SweepResult
+from loadtest.results import Cell, PolicySpec, SweepResult
 from loadtest.summary import METHOD, Record
 
 if TYPE_CHECKING:
@@ -48,17 +48,17 @@ def stat(result: SweepResult, label: str, rate: float, deadline: float, key: str
 def hindsight(result: SweepResult, rate: float, deadline: float, key: str) -> tuple[str | None, float]:
     """The best fixed plan in hindsight: of the columns that fix one plan (`fixed:NAME`, `fixed-fast`,
     `fixed-best`), the one with the highest mean in this cell. Returns its plan's name and that mean."""
-    best = _hindsight_label(result, rate, deadline, key)
+    best = _hindsight_column(result, rate, deadline, key)
     if best is None:
         return None, 0.0
-    return next(s.rung for s in result.specs if s.label == best), stat(result, best, rate, deadline, key)[0]
+    return best.rung, stat(result, best.label, rate, deadline, key)[0]
 
 
-def _hindsight_label(result: SweepResult, rate: float, deadline: float, key: str) -> str | None:
+def _hindsight_column(result: SweepResult, rate: float, deadline: float, key: str) -> PolicySpec | None:
     fixed = [s for s in result.specs if s.policy == "fixed"]
     if not fixed:
         return None
-    return max(fixed, key=lambda spec: stat(result, spec.label, rate, deadline, key)[0]).label
+    return max(fixed, key=lambda spec: stat(result, spec.label, rate, deadline, key)[0])
 
 
 def spread(result: SweepResult, label: str, rate: float, deadline: float, key: str) -> float:
@@ -136,39 +136,39 @@ def targets(result: SweepResult, key: str) -> list[str]:
     labels = {s.label for s in result.specs}
     if "auto" not in labels:
         return []
-    # (name, margin in pp, value in a cell, the reference column in a cell: None where it is not one column)
-    references: list[tuple[str, float, Callable[[float, float], float], Callable[[float, float], str | None]]] = []
+    # (name, margin in pp, in a cell: the reference's value and its column, None where it is not one column)
+    references: list[tuple[str, float, Callable[[float, float], tuple[float, str | None]]]] = []
+
+    def column(label: str) -> Callable[[float, float], tuple[float, str | None]]:
+        return lambda r, d: (stat(result, label, r, d, key)[0], label)
+
+    def best_fixed(r: float, d: float) -> tuple[float, str | None]:
+        best = _hindsight_column(result, r, d, key)
+        assert best is not None  # only referred to where a fixed column exists
+        return column(best.label)(r, d)
+
     if any(s.policy == "fixed" for s in result.specs):
-        references.append(
-            (
-                "best fixed in hindsight",
-                HINDSIGHT_MARGIN_PP,
-                lambda r, d: hindsight(result, r, d, key)[1],
-                lambda r, d: _hindsight_label(result, r, d, key),
-            )
-        )
+        references.append(("best fixed in hindsight", HINDSIGHT_MARGIN_PP, best_fixed))
         if result.config.repeats > 1:
             references.append(
                 (
                     "best fixed picked on the other repeats (context, not the target)",
                     HINDSIGHT_MARGIN_PP,
-                    lambda r, d: picked_elsewhere(result, r, d, key) or 0.0,
-                    lambda r, d: None,
+                    lambda r, d: (picked_elsewhere(result, r, d, key) or 0.0, None),
                 )
             )
     if "baseline" in labels:
-        references.append(
-            ("baseline", 0.0, lambda r, d: stat(result, "baseline", r, d, key)[0], lambda r, d: "baseline")
-        )
+        references.append(("baseline", 0.0, column("baseline")))
     cells = [(rate, d) for rate in result.config.rates for d in result.config.deadlines_ms]
     lines = []
-    for name, margin, reference, column in references:
+    for name, margin, reference in references:
         misses, beyond = [], 0
         for rate, d in cells:
-            gap = (stat(result, "auto", rate, d, key)[0] - reference(rate, d)) * 100
+            value, label = reference(rate, d)
+            gap = (stat(result, "auto", rate, d, key)[0] - value) * 100
             if gap >= -margin:
                 continue
-            mine, label = spread(result, "auto", rate, d, key) * 100, column(rate, d)
+            mine = spread(result, "auto", rate, d, key) * 100
             theirs = spread(result, label, rate, d, key) * 100 if label is not None else 0.0
             beyond += -gap > max(mine, theirs)
             noise = f"auto's spread {mine:.1f} pp" + (f", the reference's {theirs:.1f}" if label is not None else "")
