@@ -84,13 +84,16 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(5.0, gt=0, description="a body that takes longer to arrive is answered 408")
     drain_timeout_s: int = Field(10, ge=1, description="on SIGTERM, in-flight work gets this long to finish")
     shed_after_ms: float = Field(
-        2.0, gt=0, description="while the event loop is this far behind, new classify requests are refused 503"
+        2.0,
+        gt=0,
+        description="while the event loop is this far behind (or 40 % of the tightest deadline among the last 64 "
+        "requests admitted, if more), new classify requests are refused 503",
     )
     shed_per_poll: int = Field(
-        2, ge=1, description="under sustained overload, classify requests admitted per turn of the event loop"
+        1, ge=1, description="under sustained overload, classify requests admitted per turn of the event loop"
     )
     shed_min_connections: int = Field(
-        16,
+        8,
         ge=0,
         description="no shedding while this many requests or fewer are in flight (each connection carries one at "
         "a time, so that many waiting clients cannot overload the server; idle keep-alive connections do not count)",

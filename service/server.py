@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
@@ -63,18 +64,38 @@ class LoopLag:
     answered): an HTTP/1.1 connection carries one request at a time, so that many clients that wait for their
     answers cannot overload the server: refusing them turns work into refusals (measured with 8 closed-loop
     clients on 2 cores, the loop fell 2 ms behind whenever the machine descheduled it, and 2-11 % of requests
-    with 50 ms deadlines were refused 503 overloaded; tests/test_service.py runs that scenario). Requests in
-    flight, not connections open: a client's pool of idle keep-alive connections holds no work. Counting open
-    connections, a client that kept 32 open was refused at 70 % of capacity whenever the machine stalled
+    with 50 ms deadlines were refused 503 overloaded; tests/test_service.py runs that scenario). The floor is 8
+    (service/config.py): the more requests in flight before shedding starts, the further behind the loop falls
+    when load jumps, and the slower the first refusals (see `PollCap`). Requests in flight, not connections
+    open: a client's pool of idle keep-alive connections holds no work. Counting open connections, a client that
+    kept 32 open was refused at 70 % of capacity whenever the machine stalled
     (2026-11-26, exit 1 INT8, 1610 req/s, 5 ms deadlines, six 3 s trials each, side by side: 0-111 refused
     and 98.8 % on time at the client, against 0 refused and 99.9 % counting requests in flight).
+
+    How far behind is too far depends on the deadlines: 2 ms matters to a 5 ms deadline, not to a 100 ms one. So
+    the loop may fall `DEADLINE_SHARE` of the tightest deadline among the last `window` requests behind, when that
+    is more than `budget_ms`. Shedding at 2 ms whatever the deadlines refused requests the server could answer in
+    time: side by side at 950 req/s with 100 ms deadlines, about the keep-up capacity (six 3 s trials each,
+    2026-11-27), 94.8 / 94.7 % (JSON / PNG) were answered 200 within 100 ms with one a turn, a floor of 8 and no
+    deadline share, 97.7 / 98.9 % with the old two a turn and 16, and 99.2 / 99.9 % with the share.
     """
 
     WEIGHT = 0.2  # of the newest request in the average
+    DEADLINE_SHARE = 0.4  # of the tightest recent deadline: how far behind the loop may fall, if over `budget_ms`
 
-    def __init__(self, budget_ms: float, min_connections: int = 0) -> None:
+    def __init__(self, budget_ms: float, min_connections: int = 0, window: int = 64) -> None:
         self.budget_s, self.min_connections = budget_ms / 1e3, min_connections
         self.lag_s, self.at = 0.0, 0.0
+        self._deadlines: deque[float] = deque(maxlen=window)
+
+    def served(self, deadline_ms: float) -> None:
+        """A classify request with this deadline was admitted (its deadline is known once its options are)."""
+        self._deadlines.append(deadline_ms)
+
+    def allowed_ms(self) -> float:
+        """How far behind the loop may fall: `budget_ms`, or `DEADLINE_SHARE` of the tightest deadline among the
+        last `window` requests admitted if that is more (none yet: `budget_ms`)."""
+        return max(self.budget_s * 1e3, self.DEADLINE_SHARE * min(self._deadlines, default=0.0))
 
     def entered(self, received: float, now: float) -> None:
         self.lag_s += self.WEIGHT * ((now - received) - self.lag_s)
@@ -85,8 +106,9 @@ class LoopLag:
         return self.lag_s * 1e3 if now - self.at <= max(self.lag_s, 1e-3) else 0.0
 
     def overloaded(self, now: float, in_flight: Callable[[], int]) -> bool:
-        """Behind, with more than `min_connections` requests in flight (counted only when behind)."""
-        return self.behind_ms(now) > self.budget_s * 1e3 and in_flight() > self.min_connections
+        """Further behind than allowed, with more than `min_connections` requests in flight (counted only then)."""
+        behind = self.behind_ms(now)
+        return behind > self.budget_s * 1e3 and behind > self.allowed_ms() and in_flight() > self.min_connections
 
 
 def in_flight(connections: Iterable[Any]) -> int:
@@ -105,15 +127,28 @@ class PollCap:
     was 6.6-6.7 ms with `LoopLag` alone and 1.1-1.6 ms in eight runs with two per turn, which also answered
     more requests 200 (6572-7095 of about 14,400 against 4771 and 4924).
 
+    A refusal waits for the turn that reads it, and a turn runs what the one before admitted, so the cap sets how
+    fast refusals are. On a slower 2-vCPU machine, where an admitted request held the loop about 1 ms under load,
+    two a turn made turns of 2 ms and more, and refusals waited for them (measured: 1.5 ms median from the client's
+    send to the parser's read, 0.02 ms from the read to the refusal's write). So the default is one a turn, and
+    `LoopLag`'s floor of requests in flight is 8, not 16: with 16, the first 0.1 s of a trial, before 16 were in
+    flight, gave most of the slow refusals. Side by side at 1700 req/s, twice the keep-up capacity (exit 1 INT8, 5
+    ms deadline, six 3 s trials each, 2026-11-27): refusals' client p99 was 3.4-9.2 ms (JSON) and 2.1-7.1 ms (PNG)
+    against 11.9-20.8 and 3.3-31.5 ms with two a turn and 16, for 27 % (JSON) and 5 % (PNG) fewer answers 200.
+
     The cap is on from the moment `LoopLag` says overloaded. It stays on while it refuses at least
-    `EXIT_SHARE` as many requests as it admits, counted over `WINDOW_S` windows, so that at 70 % of capacity a
-    passing stall of the machine ends it within a window. Measured at 1610-1700 req/s in 3 s runs: 0-122 requests
-    of about 5000 refused 503 overloaded in eight runs and 476 in a ninth, against 0-69 in five runs without
-    the cap; `bench.frontdoor` kept 99.0-99.9 % on time at 5 ms at 70 % of capacity in three runs.
+    `EXIT_SHARE / per_poll` as many requests as it admits, counted over `WINDOW_S` windows, so that at 70 % of
+    capacity a passing stall of the machine ends it within a window. The share depends on the cap: a turn under
+    the cap lasts about `per_poll` requests' work, and with Poisson arrivals a turn's arrivals beyond one are half
+    the ones admitted at about 87 % of what the loop serves, those beyond two a quarter at about 78 %. (By the same
+    arithmetic, a quarter at one a turn would keep the cap on down to about half.) Measured with two a turn at 1610-1700
+    req/s in 3 s runs: 0-122 requests of about 5000 refused 503 overloaded in eight runs and 476 in a ninth,
+    against 0-69 in five runs without the cap; `bench.frontdoor` kept 99.0-99.9 % on time at 5 ms at 70 % of
+    capacity in three runs.
     """
 
     WINDOW_S = 0.05
-    EXIT_SHARE = 0.25
+    EXIT_SHARE = 0.5  # divided by per_poll: 0.5 at one a turn, 0.25 at two
 
     def __init__(self, per_poll: int) -> None:
         self.per_poll = per_poll
@@ -129,7 +164,7 @@ class PollCap:
             self.on = True
             self._new_window(now)
         elif now - self._since > self.WINDOW_S:
-            if self._refused < self.EXIT_SHARE * max(self._admitted, 1):
+            if self._refused < self.EXIT_SHARE / self.per_poll * max(self._admitted, 1):
                 self.on = False
                 return True
             self._new_window(now)

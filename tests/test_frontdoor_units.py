@@ -26,6 +26,26 @@ def test_shedding_needs_a_lagging_loop_and_more_requests_in_flight_than_clients_
     assert not counted  # ... so the connections were not counted
 
 
+def test_the_loop_may_fall_further_behind_while_every_recent_deadline_is_loose() -> None:
+    lag = LoopLag(budget_ms=2.0, min_connections=0, window=4)
+    now = 100.0
+    for i in range(20):  # every request waited 10 ms for the loop
+        lag.entered(now + i * 1e-3 - 10e-3, now + i * 1e-3)
+    later = now + 19e-3
+    assert lag.allowed_ms() == 2.0 and lag.overloaded(later, lambda: 1)  # no deadline seen yet: the budget
+    for _ in range(4):
+        lag.served(100.0)
+    assert lag.allowed_ms() == 40.0  # 10 ms behind cannot make a 100 ms deadline late: no shedding
+    assert not lag.overloaded(later, lambda: 1)
+    lag.served(5.0)  # one tight deadline among the last four: shedding at the budget again
+    assert lag.allowed_ms() == 2.0 and lag.overloaded(later, lambda: 1)
+    for _ in range(3):
+        lag.served(50.0)
+    assert lag.allowed_ms() == 2.0  # the 5 ms one is still among the last four
+    lag.served(50.0)
+    assert lag.allowed_ms() == 20.0 and not lag.overloaded(later, lambda: 1)
+
+
 class _Cycle:
     def __init__(self, complete: bool) -> None:
         self.response_complete = complete
@@ -78,6 +98,27 @@ def test_poll_cap_admits_all_until_overloaded_then_two_a_turn_until_demand_falls
     assert cap.on
     assert all(cap.admit(loop, now + PollCap.WINDOW_S + 0.01, overloaded=False) for _ in range(5))
     assert not cap.on  # the window refused less than a quarter of what it admitted: the cap is off
+
+
+def test_poll_cap_at_one_a_turn_ends_when_a_window_refuses_less_than_half_what_it_admits() -> None:
+    loop, cap, now = _Turns(), PollCap(per_poll=1), 100.0
+
+    def window(start: float, arrivals: list[int]) -> list[bool]:
+        seen = []
+        for turn, n in enumerate(arrivals):
+            seen += [cap.admit(loop, start + turn * 0.001, overloaded=False) for _ in range(n)]
+            loop.end_turn()
+        return seen
+
+    assert cap.admit(loop, now, overloaded=True) and not cap.admit(loop, now, overloaded=True)
+    loop.end_turn()
+    assert window(now + 0.001, [2, 2, 2, 1]).count(False) == 3  # 5 admitted, 4 refused, with the first turn: on
+    assert cap.on
+    # near capacity: 7 turns of one arrival, 3 of two (as Poisson arrivals at about 80 %): 10 admitted, 3 refused
+    assert window(now + PollCap.WINDOW_S + 0.002, [1, 2, 1, 1, 2, 1, 1, 2, 1, 1]).count(False) == 3
+    assert cap.on  # the window before was still over demand
+    assert cap.admit(loop, now + 2 * PollCap.WINDOW_S + 0.01, overloaded=False)
+    assert not cap.on  # 3 refused against 10 admitted: under half, off (at two a turn a quarter would keep it on)
 
 
 def test_backlog_accepts_every_waiting_connection_at_once() -> None:

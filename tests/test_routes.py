@@ -41,6 +41,7 @@ from service.routes import classify
 from service.runtime import Runtime
 from service.scheduler import Job
 from service.schemas import ClassifyOptions
+from service.server import LoopLag
 from service.timing import PHASES, PathTime
 
 Message = dict[str, Any]
@@ -374,6 +375,18 @@ def test_a_request_admitted_by_the_parser_is_planned_there_and_not_admitted_agai
         parser + 1,
         route + 1,
     )
+
+
+def test_each_admitted_request_tells_the_loop_lag_its_deadline(app: FastAPI) -> None:
+    """service/server.py's LoopLag lets the loop fall further behind while every recent deadline is loose; the
+    route tells it each deadline, whether the options came in the JSON body or the query string."""
+    runtime: Runtime = app.state.runtime
+    lag = LoopLag(budget_ms=2.0, window=2)
+    state = {"loop_lag": lag, "metrics": runtime.metrics}
+    reply = call(app, "/v1/classify", _json(image=_image(4).tolist(), deadline_ms=80), state=dict(state))
+    assert reply.status == 200 and lag.allowed_ms() == pytest.approx(0.4 * 80)
+    reply = call(app, "/v1/classify", _png(_image(4)), media="image/png", query="deadline_ms=60", state=dict(state))
+    assert reply.status == 200 and lag.allowed_ms() == pytest.approx(0.4 * 60)
 
 
 def test_every_kind_of_plan_names_its_exit_and_members(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -180,7 +180,7 @@ def _concurrent_run(server: str, test_images: tuple[np.ndarray, np.ndarray]) -> 
             assert body["deadline_met"] is True and 0 < body["latency_ms"] <= body["deadline_ms"]
         else:
             # Not "overloaded": eight clients that wait for their answers have at most eight requests in flight,
-            # under the shedding floor (ANYTIME_SHED_MIN_CONNECTIONS); before it, 2-11 % of 50 ms requests were shed.
+            # at the shedding floor (ANYTIME_SHED_MIN_CONNECTIONS, 8); before it, 2-11 % of 50 ms requests were shed.
             assert body["code"] in {"queue_full", "deadline_infeasible", "deadline_expired"}, body
             late += "late_ms" in body
     assert late <= 60, f"{late} of 400 answers were ready only after their deadline"

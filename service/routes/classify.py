@@ -123,6 +123,8 @@ async def _handle(scope: Scope, receive: Receive, batch: bool) -> Answer:
         clock.lap("parse")
         if options is None:
             options = validate_options(head.fields, fields)
+        if "loop_lag" in scope["state"]:  # service/server.py: the loop may fall further behind for loose deadlines
+            scope["state"]["loop_lag"].served(options.deadline_ms)
         runtime.scheduler.check_room(len(items))
         clock.lap("validate")
         if plan is None:
