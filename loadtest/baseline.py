@@ -110,15 +110,21 @@ class _Model:
         }
 
 
-def create_baseline_app(ladder_dir: Path, rung: str | None = None, threads: int | None = None) -> FastAPI:
-    model = _Model(ladder_dir, rung, threads)
-    app = FastAPI(title="Anytime baseline", description=f"{model.rung} on ONNX Runtime, served plainly.")
-
-    app.add_middleware(_Stamp)
+def _app(title: str, description: str = "") -> FastAPI:
+    """A FastAPI app that is ready as soon as it exists (any model is loaded and warmed before it)."""
+    app = FastAPI(title=title, description=description)
 
     @app.get("/readyz")
-    def ready() -> dict[str, str]:
-        return {"status": "ready"}  # the session is loaded and warmed before the app exists
+    async def ready() -> dict[str, str]:
+        return {"status": "ready"}
+
+    return app
+
+
+def create_baseline_app(ladder_dir: Path, rung: str | None = None, threads: int | None = None) -> FastAPI:
+    model = _Model(ladder_dir, rung, threads)
+    app = _app("Anytime baseline", f"{model.rung} on ONNX Runtime, served plainly.")
+    app.add_middleware(_Stamp)
 
     @app.post("/v1/classify")
     def classify(body: BaselineRequest, request: Request) -> Any:
@@ -134,12 +140,8 @@ def create_baseline_app(ladder_dir: Path, rung: str | None = None, threads: int 
 def create_lean_app(ladder_dir: Path, rung: str | None = None, threads: int | None = None) -> FastAPI:
     """The same model as lean as FastAPI allows: `async`, the raw body, orjson both ways, the engine inline."""
     model = _Model(ladder_dir, rung, threads)
-    app = FastAPI(title="Anytime lean reference", description=f"{model.rung} on ONNX Runtime, inline on the loop.")
+    app = _app("Anytime lean reference", f"{model.rung} on ONNX Runtime, inline on the loop.")
     app.add_middleware(_Stamp)
-
-    @app.get("/readyz")
-    async def ready() -> dict[str, str]:
-        return {"status": "ready"}
 
     @app.post("/v1/classify")
     async def classify(request: Request) -> Response:
@@ -168,11 +170,7 @@ class _Stamp:
 
 def create_floor_app() -> FastAPI:
     """The floor: a bare FastAPI constant endpoint, what any request costs before it does anything."""
-    app = FastAPI(title="Anytime floor")
-
-    @app.get("/readyz")
-    async def ready() -> dict[str, str]:
-        return {"status": "ready"}
+    app = _app("Anytime floor")
 
     @app.post("/v1/classify")
     async def classify() -> dict[str, Any]:

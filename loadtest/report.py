@@ -165,10 +165,11 @@ def targets(result: SweepResult, key: str) -> list[str]:
         misses, beyond = [], 0
         for rate, d in cells:
             value, label = reference(rate, d)
-            gap = (stat(result, "auto", rate, d, key)[0] - value) * 100
+            mean, lo, hi = stat(result, "auto", rate, d, key)
+            gap = (mean - value) * 100
             if gap >= -margin:
                 continue
-            mine = spread(result, "auto", rate, d, key) * 100
+            mine = (hi - lo) * 100
             theirs = spread(result, label, rate, d, key) * 100 if label is not None else 0.0
             beyond += -gap > max(mine, theirs)
             noise = f"auto's spread {mine:.1f} pp" + (f", the reference's {theirs:.1f}" if label is not None else "")
