@@ -159,7 +159,9 @@ class LatencyPredictor:
         key = (engine, batch)
         now = time.monotonic()
         with self._lock:
-            samples = self._observed.setdefault(key, deque(maxlen=self._window))
+            samples = self._observed.get(key)
+            if samples is None:  # not setdefault: that builds a deque on every call
+                samples = self._observed[key] = deque(maxlen=self._window)
             samples.append((now, ms))
             self._pooled.append((now, ms, self.prior(engine, batch, "p90")))
             count = self._count[key] = self._count.get(key, 0) + 1

@@ -273,7 +273,7 @@ def protocol_class(
                     try:
                         state["admitted"] = self._admit(url.path == BATCH, url.query or b"", state["received"])
                     except ApiError as e:
-                        metrics.requests.labels("unknown", "", e.code).inc()
+                        metrics.outcome("unknown", "", e.code).inc()
                         self._answer_now(e)
                         return
             state["loop_lag"], state["metrics"] = lag, metrics

@@ -18,12 +18,11 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
 import orjson
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from engines.base import probs_entropy
+from engines.base import row_softmax
 from engines.manifest import EngineRecord, Ensemble, Rung, Stage
 from service.admission import admit, plan_for
 from service.errors import (
@@ -273,7 +272,7 @@ def _encode(
 def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool) -> dict[str, Any]:
     metrics = runtime.metrics
     if job.error is not None:
-        metrics.requests.labels(options.policy, job.plan.name, job.error.code).inc()
+        metrics.outcome(options.policy, job.plan.name, job.error.code).inc()
         raise job.error
     assert job.logits is not None and job.started is not None, "a job without error has an answer"
     now = time.monotonic()
@@ -285,30 +284,31 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
     if not met:
         metrics.deadline_misses.inc()
         if not job.best_effort:  # only a best-effort client takes a late answer
-            metrics.requests.labels(options.policy, job.plan.name, DeadlineExpired.code).inc()
+            metrics.outcome(options.policy, job.plan.name, DeadlineExpired.code).inc()
             late_ms = round((now - job.deadline) * 1e3, 3)
             raise DeadlineExpired(f"the answer was ready {late_ms} ms after the deadline", late_ms=late_ms)
-    z = job.logits[0].astype(np.float64)
-    probs = np.exp(z - z.max())
-    probs /= probs.sum()
-    order = [int(probs.argmax())] if options.top_k == 1 else [int(i) for i in np.argsort(-probs)[: options.top_k]]
+    probs, entropy = row_softmax(job.logits[0].tolist())
+    if options.top_k == 1:
+        order = [probs.index(max(probs))]
+    else:  # stable: of equal probabilities, the lower label first
+        order = sorted(range(len(probs)), key=probs.__getitem__, reverse=True)[: options.top_k]
     names = runtime.ladder.class_names
     record = runtime.records[job.plan.engines[job.step - 1]]
     exit_k, members = _exit_and_members(job, record)
-    metrics.requests.labels(options.policy, job.plan.name, "ok" if met else "late").inc()
-    metrics.exits.labels(str(exit_k)).inc()
+    metrics.outcome(options.policy, job.plan.name, "ok" if met else "late").inc()
+    metrics.exit(exit_k).inc()
     return {
         "request_id": job.id,
         "label": order[0],
         "class_name": names[order[0]],
-        "top_k": [{"label": i, "class_name": names[i], "probability": float(probs[i])} for i in order],
+        "top_k": [{"label": i, "class_name": names[i], "probability": probs[i]} for i in order],
         "rung": job.plan.name,
         "policy": str(options.policy),
         "exit": int(exit_k),
         "precision": str(record.precision),
         "backend": str(record.backend),
         "members": members,
-        "entropy": float(probs_entropy(probs)),
+        "entropy": entropy,
         "stages_run": job.step,
         "batch_sizes": job.batch_sizes,
         "latency_ms": round(latency, 3),
@@ -331,8 +331,14 @@ def _exit_and_members(job: Job, record: EngineRecord) -> tuple[int, list[str]]:
 
 
 def _count(runtime: Runtime, options: ClassifyOptions | None, code: str) -> None:
-    policy = str(options.policy) if options is not None else "unknown"
-    runtime.metrics.requests.labels(policy, (options.rung or "") if options else "", code).inc()
+    """Count a refused request. Its rung label is one of the ladder's names: a client's own string would make a new
+    series on /metrics for every name sent."""
+    if options is None:
+        runtime.metrics.outcome("unknown", "", code).inc()
+        return
+    rung = options.rung or ""
+    known = not rung or rung in runtime.planner.options
+    runtime.metrics.outcome(options.policy, rung if known else "unknown", code).inc()
 
 
 def _error(e: ApiError, clock: Clock) -> Answer:

@@ -5,13 +5,26 @@ import itertools
 import numpy as np
 import pytest
 
-from engines.base import entropy
+from engines.base import entropy, probs_entropy, row_softmax, softmax
 from engines.steps.thresholds import fit_thresholds, simulate
 
 
 def test_entropy_bounds() -> None:
     assert np.allclose(entropy(np.zeros((1, 10))), np.log(10))
     assert entropy(np.array([[100.0, 0, 0]]))[0] < 1e-6
+
+
+def test_one_rows_softmax_in_python_floats_matches_numpys() -> None:
+    rng = np.random.default_rng(0)
+    rows = [*(rng.normal(0, s, 10).astype(np.float32) for s in (0.1, 3.0, 30.0)), np.zeros(10, np.float32)]
+    rows.append(np.array([80.0, -80.0, 0.0], np.float32))  # probabilities far under the clip floor
+    for row in rows:
+        probs, h = row_softmax(row.tolist())
+        expected = softmax(row[None].astype(np.float64))[0]
+        assert np.allclose(probs, expected, rtol=1e-12, atol=1e-300)
+        assert h == pytest.approx(float(probs_entropy(expected)), rel=1e-12, abs=1e-15)
+        assert h == pytest.approx(float(entropy(row[None])[0]), rel=1e-12, abs=1e-15)
+        assert int(np.argmax(probs)) == int(np.argmax(row))
 
 
 def _synthetic(n: int = 2000, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
