@@ -120,8 +120,9 @@ def _binary_requests(url: str, bodies: list[bytes], media: str, **query: Any) ->
     return [conn.request("POST", path, b, media) for b in bodies]
 
 
-def engine_ms(ladder_dir: Path, rung: Rung, inputs: np.ndarray, runs: int) -> list[float]:
-    engine = open_engine(rung.backend, ladder_dir / rung.artifact.path, rung.precision, 2)
+def engine_ms(ladder_dir: Path, rung: Rung, inputs: np.ndarray, runs: int, threads: int) -> list[float]:
+    """The bare engine's batch-1 times (ms), with the thread count the servers give it (the ladder's)."""
+    engine = open_engine(rung.backend, ladder_dir / rung.artifact.path, rung.precision, threads)
     for i in range(100):
         engine.run(inputs[i % len(inputs)][None])
     samples = []
@@ -194,9 +195,8 @@ def concurrency_one(
     for _ in range(rounds):  # interleaved: a slow spell of the machine hits every configuration alike
         for s in series:
             s.run(requests)
-    engines = {
-        role: engine_ms(ladder_dir, rung, inputs, requests * rounds) for role, rung in pick_rungs(ladder).items()
-    }
+    runs = requests * rounds
+    engines = {role: engine_ms(ladder_dir, r, inputs, runs, ladder.threads) for role, r in pick_rungs(ladder).items()}
     tight = Series(
         "Anytime default policy, deadline 2 ms", urls["anytime"], _json_requests(urls["anytime"], pngs, deadline_ms=2)
     )

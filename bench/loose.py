@@ -113,7 +113,8 @@ def main() -> None:
             for c in configs:
                 run(c, lo, min(lo + args.chunk, n))
     spec = PreprocessSpec.from_dict(ladder.preprocess)
-    bare_p50 = float(np.percentile(engine_ms(args.ladder, fastest, spec.normalize(images[:1000]), n), 50))
+    bare = engine_ms(args.ladder, fastest, spec.normalize(images[:1000]), n, ladder.threads)
+    bare_p50 = float(np.percentile(bare, 50))
     fastest_p50 = float(np.percentile(configs[1].client_ms, 50))
     report = {"images": n, "configs": []}
     print(f"\n{n} test images each, deadline 1000 ms, concurrency 1, JSON/base64 bodies, client latency:")
