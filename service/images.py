@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -166,9 +167,9 @@ def open_tensor(data: bytes, dtype: str, shape: tuple[int, ...], spec: Preproces
     if dtype not in TENSOR_DTYPES:
         raise BadImage(f"dtype {dtype!r} is not accepted; send uint8 or float32")
     np_dtype = TENSOR_DTYPES[dtype]
-    if int(np.prod(shape)) * np_dtype.itemsize != len(data):
+    if math.prod(shape) * np_dtype.itemsize != len(data):
         raise BadImage(
-            f"a {dtype} tensor of shape {list(shape)} has {int(np.prod(shape)) * np_dtype.itemsize} bytes, "
+            f"a {dtype} tensor of shape {list(shape)} has {math.prod(shape) * np_dtype.itemsize} bytes, "
             f"the body has {len(data)}"
         )
     arr = np.frombuffer(data, np_dtype).reshape(shape)
@@ -181,7 +182,7 @@ def open_tensor(data: bytes, dtype: str, shape: tuple[int, ...], spec: Preproces
             )
         if not np.isfinite(items).all():
             raise BadImage("tensor values must be finite")
-        return [Pending(int(np.prod(one[1:])), _ready(x[None].astype(np.float32))) for x in items]
+        return [Pending(math.prod(one[1:]), _ready(x[None].astype(np.float32))) for x in items]
     if len(one) == 3 and one[0] == 1:
         items, one = items[:, 0], one[1:]
     if len(one) != 2:
