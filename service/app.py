@@ -13,7 +13,6 @@ from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.admission import BATCH, CLASSIFY
 from service.config import Settings
 from service.errors import ApiError, PayloadTooLarge, TooManyConnections, install_error_handlers
 from service.logs import REQUEST_ID, request_id
@@ -24,7 +23,6 @@ from service.runtime import Runtime
 
 log = logging.getLogger("anytime")
 access = logging.getLogger("anytime.access")
-CLASSIFY_PATHS = (CLASSIFY, BATCH)
 
 
 class FrontDoor:
@@ -36,11 +34,18 @@ class FrontDoor:
     Content-Length (chunked) are held to the size limit while they are read (service/requests.py).
     The request id (X-Request-ID, or a new one) goes back in the X-Request-ID header of every answer:
     the classify routes add it themselves; for the others this wraps `send`.
+
+    A POST to a classify path goes from here straight to its route (service/routes/classify.py), past FastAPI's
+    exception middleware, its exit stack and the router, which it needs none of: it answers its own errors, and an
+    unexpected one still reaches the outermost handler (logged, 500). Measured in process on this repository's
+    2-vCPU machine (2026-11-27, three interleaved pairs of 4000 requests, fixed exit 1 INT8, JSON): p10 of a
+    request 20-60 us less. The routes stay in the router, for OpenAPI and for the other methods (405).
     """
 
     def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
         self.app, self.runtime, self.limit = app, runtime, runtime.settings.max_body_bytes
         self.access_log = runtime.settings.access_log
+        self.classify = {route.path: route.app for route in classify.routes}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -58,8 +63,11 @@ class FrontDoor:
         if error is not None:
             await send_error(self._wrap(scope, send, rid, tag=True), error)
             return
-        tag = scope["path"] not in CLASSIFY_PATHS
-        await self.app(scope, receive, self._wrap(scope, send, rid, tag) if tag or self.access_log else send)
+        route = self.classify.get(scope["path"]) if scope["method"] == "POST" else None
+        if route is not None:  # straight to the route: see the class's docstring
+            await route(scope, receive, self._wrap(scope, send, rid, False) if self.access_log else send)
+            return
+        await self.app(scope, receive, self._wrap(scope, send, rid, True))
 
     def _refusal(self, scope: Scope, state: dict[str, Any]) -> ApiError | None:
         if "over_connection_limit" in state:  # set by service/server.py's protocol

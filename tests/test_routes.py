@@ -648,6 +648,33 @@ def test_refusals_before_the_body_are_counted_without_options(app: FastAPI, monk
     assert runtime.in_flight == 0
 
 
+def test_a_classify_post_goes_straight_to_its_route_and_other_methods_through_the_router(
+    app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    routed: list[bool] = []  # Starlette's router marks the scopes it dispatches ("router")
+    handle = classify._handle
+
+    async def spy(scope: Any, receive: Receive, batch: bool) -> classify.Answer:
+        routed.append("router" in scope)
+        return await handle(scope, receive, batch)
+
+    monkeypatch.setattr(classify, "_handle", spy)
+    assert call(app, "/v1/classify", _json(image=_image(7).tolist(), deadline_ms=1000)).status == 200
+    images = [_image(8).tolist()] * 2
+    assert call(app, "/v1/classify/batch", _json(images=images, deadline_ms=1000)).status == 200
+    assert routed == [False, False]
+    scope = _scope(app, "/v1/classify", None, "", {})
+    scope["method"] = "GET"
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, _body(b""), send))
+    assert sent[0]["status"] == 405 and orjson.loads(sent[1]["body"])["code"] == "method_not_allowed"
+    assert routed == [False, False]
+
+
 def test_refusals_after_parsing_name_the_policy_and_rung(app: FastAPI, ladder_dir: Path) -> None:
     runtime: Runtime = app.state.runtime
     # A name the ladder lacks is counted as "unknown": each client string as a label would be a new series on /metrics.
