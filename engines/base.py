@@ -117,6 +117,9 @@ def verify_artifact(path: Path, sha256: str | None) -> None:
             raise ArtifactError(f"{path} is corrupt or was replaced: sha256 {actual[:12]}, manifest says {sha256[:12]}")
 
 
+ENTROPY_FLOOR = 1e-12  # probabilities are clipped here before their log
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax (the service's confidence, the stackers' input)."""
     z = logits - logits.max(axis=1, keepdims=True)
@@ -132,9 +135,6 @@ def entropy(logits: np.ndarray) -> np.ndarray:
 def probs_entropy(probs: np.ndarray) -> np.ndarray:
     """Shannon entropy (nats) along the last axis of probabilities already worked out (`entropy` from logits)."""
     return -(probs * np.log(np.clip(probs, ENTROPY_FLOOR, 1.0))).sum(axis=-1)
-
-
-ENTROPY_FLOOR = 1e-12  # probabilities are clipped here before their log
 
 
 def row_softmax(logits: list[float]) -> tuple[list[float], float]:

@@ -8,7 +8,8 @@ parsing and before any image is decoded. A client that leaves is counted and ans
 Both routes are plain ASGI apps mounted as Starlette routes of the FastAPI app: measured on this
 repository's 2-vCPU machine (uvloop + httptools, one keep-alive client), a FastAPI path operation cost
 111 us of server CPU per request against 68 us for the same app with an ASGI route, and 49 us for uvicorn
-alone. FastAPI still documents them in OpenAPI (service/routes/docs.py).
+alone. FastAPI still documents them in OpenAPI (service/routes/docs.py). The app's `FrontDoor` middleware
+(service/app.py) hands each POST to them directly, past the router.
 """
 
 from __future__ import annotations
