@@ -21,7 +21,7 @@ from engines.manifest import Ladder
 from models.preprocess import PreprocessSpec
 from service.errors import ApiError, BadImage, DeadlineInfeasible
 from service.images import open_item, open_plain_png, open_tensor, parse_shape, to_input
-from service.planner import OnInfeasible, Planner, Policy
+from service.planner import OnInfeasible, Option, Planner, Policy
 from service.predictor import LatencyPredictor, _p90
 from service.scheduler import Job
 from tests.test_scheduler import _setup
@@ -256,8 +256,10 @@ def test_autos_remembered_choices_are_the_choices_weighed_afresh(
 
 
 def test_autos_remembered_choice_follows_a_slower_engine(ladder: Ladder) -> None:
-    """The cheapest of the options tied for accuracy answers; once its engine runs far slower, another does (the
-    same fit, a new choice: what auto remembered is dropped with the predictions it was made on)."""
+    """Once the engine of auto's choice runs so slowly that it no longer fits the budget, another option answers
+    (the same budget, a new choice: what auto remembered is dropped with the predictions it was made on). The
+    slowdown is derived from the choice's own predicted end, so it holds whatever the tiny ladder's accuracies and
+    ties are on the machine that built it."""
     predictor = LatencyPredictor([*ladder.stages, *ladder.rungs, *ladder.ensembles])
     planner = Planner(ladder, predictor, 0.5, tie_se=2.0)
 
@@ -269,7 +271,13 @@ def test_autos_remembered_choice_follows_a_slower_engine(ladder: Ladder) -> None
         run(engine, 1.0)
     first = planner._best_within(planner.auto, 50.0, float("inf"), remember=True)
     assert first is not None and len(first.engines) == 1
-    run(first.engines[0], 20.0)
+
+    def end(option: Option) -> float:  # its last step's predicted end (ms)
+        table = planner._table()[1]
+        return (table.get(option.name) or planner._steps(option, table))[0][-1]
+
+    run(first.engines[0], max(20.0, 4 * 50.0 / end(first)))
+    assert end(first) > 50.0
     second = planner._best_within(planner.auto, 50.0, float("inf"), remember=True)
     assert second is not None and second.name != first.name
     assert second.name == _weighed_afresh(planner, 50.0, float("inf"))
