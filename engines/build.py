@@ -243,7 +243,7 @@ def _build(checkpoint: Path, out: Path, config: BuildConfig) -> Ladder:
     _export(ctx, cuts, fp32_evals)
     calibration = choose_method(ctx, exits[-1], config.calibration())
     # The probe decides which precisions can pay here, INT8 among them, before the other graphs are quantized:
-    # where INT8 is slower than FP32 (x86 without VNNI) its files, evaluations and profiles would be wasted.
+    # where INT8 is slower than FP32 (some x86 CPUs without VNNI) its files, evaluations and profiles would be wasted.
     # It times engines, so the FP32 evaluations finish first (beside them, on a busy 2-vCPU machine, an
     # OpenVINO engine came out 29 % faster than ONNX Runtime's FP32 one, against 1 % on a quiet machine).
     quantize_graphs(ctx, [exits[-1]], calibration.method, config.calibration())
@@ -439,7 +439,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         "--precisions",
         type=_precisions,
         help="build exactly these precisions besides FP32, e.g. int8 or int8,bf16 (default: those the probe "
-        "finds can pay on this machine; INT8 pays on x86 CPUs with VNNI, not on AVX2 alone)",
+        "finds can pay on this machine; INT8 pays on x86 CPUs with VNNI, on some with AVX2 alone)",
     )
     precisions.add_argument("--all-precisions", action="store_true", help="build FP32, INT8, BF16 and FP16")
     p.add_argument(
