@@ -273,8 +273,7 @@ def test_autos_remembered_choice_follows_a_slower_engine(ladder: Ladder) -> None
     assert first is not None and len(first.engines) == 1
 
     def end(option: Option) -> float:  # its last step's predicted end (ms)
-        table = planner._table()[1]
-        return (table.get(option.name) or planner._steps(option, table))[0][-1]
+        return planner._steps(option, planner._table()[1])[0][-1]
 
     run(first.engines[0], max(20.0, 4 * 50.0 / end(first)))
     assert end(first) > 50.0
