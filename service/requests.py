@@ -168,7 +168,10 @@ async def parse_multipart(scope: Scope, body: bytes, batch: bool) -> tuple[dict[
     try:
         form = await Request(scope, replay).form(max_files=MAX_BATCH_IMAGES, max_fields=16)
     except Exception as e:  # python-multipart and Starlette raise several types for a malformed body
-        raise InvalidRequest(f"malformed multipart body: {type(e).__name__}") from None
+        # Starlette's HTTPException carries the parser's own words ("Missing boundary in multipart.")
+        detail = getattr(e, "detail", None)
+        why = detail if isinstance(detail, str) else type(e).__name__
+        raise InvalidRequest(f"malformed multipart body: {why}") from None
     files = [v for k, v in form.multi_items() if k == "file" and isinstance(v, UploadFile)]
     if not files or (not batch and len(files) > 1):
         need = "one or more file fields" if batch else "one file field"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from service.planner import OnInfeasible, Policy
 
@@ -15,11 +16,21 @@ BLACK_28X28_PNG = "iVBORw0KGgoAAAANSUhEUgAAABwAAAAcCAAAAABXZoBIAAAAEElEQVR42mNgG
 class ClassifyOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    deadline_ms: float = Field(..., ge=1, le=60000, description="answer within this many ms of arrival")
+    deadline_ms: float = Field(
+        ..., ge=1, le=60000, allow_inf_nan=False, description="answer within this many ms of arrival"
+    )
     policy: Policy = Policy.AUTO
     rung: str | None = Field(None, description="the rung to run, with policy=fixed")
     on_infeasible: OnInfeasible = OnInfeasible.REJECT
     top_k: int = Field(1, ge=1, le=100)
+
+    @field_validator("deadline_ms", "top_k", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any) -> Any:
+        """A number, or its text (query strings and headers are text); pydantic's lax mode would take true as 1."""
+        if isinstance(value, bool):
+            raise PydanticCustomError("bool_type", "Input should be a number, not true or false")
+        return value
 
 
 class ClassifyRequest(ClassifyOptions):

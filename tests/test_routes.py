@@ -648,6 +648,27 @@ def test_refusals_before_the_body_are_counted_without_options(app: FastAPI, monk
     assert runtime.in_flight == 0
 
 
+def test_a_deadline_is_a_finite_number_and_a_multipart_refusal_says_what_is_wrong(app: FastAPI) -> None:
+    """NaN and infinity in the query or a header (text that pydantic's lax mode reads as a float) were refused as
+    "less than or equal to 60000", and JSON true was taken as a 1 ms deadline; a multipart body without a boundary
+    was refused naming only the exception's type."""
+    png = _png(_image(7))
+    for text in ("nan", "inf", "-inf", "1e400"):
+        reply = call(app, "/v1/classify", _no_body(), media="image/png", query=f"deadline_ms={text}")
+        assert "finite" in _error(reply, 422, "invalid_request")["message"], text
+        reply = call(app, "/v1/classify", png, media="image/png", x_deadline_ms=text)
+        assert "finite" in _error(reply, 422, "invalid_request")["message"], text
+    for field, options in (("deadline_ms", {"deadline_ms": True}), ("top_k", {"deadline_ms": 50, "top_k": False})):
+        reply = call(app, "/v1/classify", _json(image=_image(7).tolist(), **options))
+        message = _error(reply, 422, "invalid_request")["message"]
+        assert message == f"{field}: Input should be a number, not true or false"
+    # Numbers as text stay accepted: query strings and headers are text.
+    reply = call(app, "/v1/classify", png, media="image/png", query="deadline_ms=5000&top_k=3")
+    assert reply.status == 200 and len(reply.json()["top_k"]) == 3
+    reply = call(app, "/v1/classify", b"--x\r\n", media="multipart/form-data", query="deadline_ms=5000")
+    assert "boundary" in _error(reply, 422, "invalid_request")["message"]
+
+
 def test_a_classify_post_goes_straight_to_its_route_and_other_methods_through_the_router(
     app: FastAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
