@@ -45,6 +45,15 @@ class Pending:
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
+def undecodable(e: Exception) -> BadImage:
+    """The refusal of an image PIL or zlib could not decode, in words rather than an exception's name alone.
+
+    The exception's type says little of the cause: a grey PNG whose image data stops early raises ValueError here
+    (PIL's "not enough image data"), the same cut in another PNG OSError, a damaged chunk header SyntaxError."""
+    why = "too many pixels" if isinstance(e, Image.DecompressionBombError) else "the file is truncated or corrupt"
+    return BadImage(f"cannot decode the image: {why} ({type(e).__name__})")
+
+
 def open_bytes(data: bytes, spec: PreprocessSpec) -> Pending:
     """A PNG or JPEG file: the header is read and checked now, the pixels on decode()."""
     plain = open_plain_png(data, spec)
@@ -55,7 +64,7 @@ def open_bytes(data: bytes, spec: PreprocessSpec) -> Pending:
     except UnidentifiedImageError:
         raise BadImage("cannot decode the image: not a PNG or JPEG file") from None
     except DECODE_ERRORS as e:
-        raise BadImage(f"cannot decode the image: {type(e).__name__}") from None
+        raise undecodable(e) from None
     if img.width * img.height > MAX_PIXELS:
         raise BadImage(f"image of {img.width}x{img.height} pixels is over the limit of {MAX_PIXELS}")
 
@@ -63,7 +72,7 @@ def open_bytes(data: bytes, spec: PreprocessSpec) -> Pending:
         try:
             img.load()
         except DECODE_ERRORS as e:
-            raise BadImage(f"cannot decode the image: {type(e).__name__}") from None
+            raise undecodable(e) from None
         return to_input(img, spec)
 
     return Pending(img.width * img.height, decode)
@@ -106,7 +115,7 @@ def open_plain_png(data: bytes, spec: PreprocessSpec) -> Pending | None:
         try:
             img = Image.frombytes("L", (width, height), b"".join(parts), "zip", "L")
         except (OSError, ValueError) as e:  # corrupt or short deflate data
-            raise BadImage(f"cannot decode the image: {type(e).__name__}") from None
+            raise undecodable(e) from None
         return to_input(img, spec)
 
     return Pending(width * height, decode)

@@ -119,6 +119,25 @@ def test_damaged_grey_pngs_decode_or_are_bad_images(seed: int, where: int, flip:
     _decodes_or_refuses(lambda: open_item(base64.b64encode(bytes(data[: len(data) - cut])).decode(), SPEC))
 
 
+def test_an_undecodable_image_is_refused_in_words() -> None:
+    """A truncated PNG was refused as "cannot decode the image: OSError" (or ValueError, or SyntaxError: the type
+    depends on where the file stops, and says nothing of the cause)."""
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8)).save(buf, "PNG")
+    grey = buf.getvalue()
+    at = grey.index(b"IDAT") - 4
+    n = int.from_bytes(grey[at : at + 4], "big") // 2  # the image data cut in half, the chunks intact
+    half = grey[:at] + n.to_bytes(4, "big") + grey[at + 4 : at + 8 + n] + bytes(4) + grey[-12:]
+    buf = io.BytesIO()
+    Image.new("RGB", (28, 28), (10, 200, 30)).save(buf, "PNG")
+    colour = buf.getvalue()
+    # The fast grey path (zlib) and PIL's own parser (a colour PNG), each stopping in the image data or its header.
+    for data in (half, grey[:100], colour[:60], colour[: colour.index(b"IDAT") + 6]):
+        with pytest.raises(BadImage) as e:
+            open_item(base64.b64encode(data).decode(), SPEC).decode()
+        assert e.value.message.startswith("cannot decode the image: the file is truncated or corrupt ("), data
+
+
 @FAST
 @given(
     st.binary(max_size=4096),
