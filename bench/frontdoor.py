@@ -15,8 +15,11 @@ httptools, no access log):
    keep up (>= 95 % answered 200 within a loose 100 ms deadline, at the client). Then a 5 ms deadline at
    25/50/70/100/200 % of Anytime's capacity: on time at the client (200 within 5 ms of sending), status
    codes, how fast refusals come back, and the server's error count (500s and tracebacks in its log). And
-   the capacity at 5 ms: the highest rate with >= 99 % on time at the client. Last, 70 % of capacity again
-   from a client that keeps 32 keep-alive connections open (idle connections must not make the server shed).
+   the capacity at 5 ms: the highest rate with >= 99 % on time at the client. At 200 % also the refusal floor:
+   a third server, Anytime with an API key the client lacks, refuses every request 401 in its HTTP parser (no
+   body read, no work), so its client-side latency is what a refusal costs this machine and this load generator
+   at that rate; Anytime's refusal p99 is printed as a ratio to it. Last, 70 % of capacity again from a client
+   that keeps 32 keep-alive connections open (idle connections must not make the server shed).
 
     python -m bench.frontdoor [--ladder ladders/default] [--requests 1000] [--trial-s 3] [--out reports/frontdoor]
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import secrets
 import time
 import urllib.parse
 from collections import Counter
@@ -313,6 +317,11 @@ class Trial:
     def new_connections(self) -> int:
         return sum(r.new_connection for r in self.records)
 
+    def client_ms(self, status: int, q: float) -> float | None:
+        """The q-th percentile of the client latency of the answers with this status; None if there are none."""
+        ms = [r.client_ms for r in self.records if r.status == status]
+        return float(np.percentile(ms, q)) if ms else None
+
 
 class Loader:
     def __init__(self, urls: dict[str, str], rung: str, split: Split, trial_s: float) -> None:
@@ -389,6 +398,14 @@ def open_loop(urls: dict[str, str], rung: str, split: Split, trial_s: float, log
                         "server_500s": sum(r.status == 500 for r in t.records),
                     }
                 )
+    t = loader.run("refusing", cap * max(LOAD_LEVELS), 5.0)
+    out["refusal_floor"] = {
+        "rate": t.rate,
+        "sent": t.sent,
+        "statuses": dict(t.statuses()),
+        "p50_ms": t.client_ms(401, 50),
+        "p99_ms": t.client_ms(401, 99),
+    }
     out["capacity_5ms"] = {server: capacity_at_5ms(out["scan"][server]) for server in SERVERS}
     # A client that keeps a large pool of keep-alive connections open, as proxies and HTTP libraries do: idle
     # connections hold no work, so they must not make the server shed at 70 % of capacity.
@@ -444,6 +461,18 @@ def print_open_loop(r: dict[str, Any]) -> None:
             f"{row['sent']:>6} "
             f"{row['on_time_5ms']:>8.2%}  {ref:>11} {reused:>9} {row['new_connections']:>9}  {row['statuses']}"
         )
+    floor = r["refusal_floor"]
+    if floor["p99_ms"] is not None:
+        print(
+            f"  refusal floor at {floor['rate']:.0f} req/s (Anytime refusing every request 401 in its HTTP parser, "
+            f"no work): client p50 {floor['p50_ms']:.2f} ms, p99 {floor['p99_ms']:.2f} ms ({floor['statuses']})"
+        )
+        top = [row for row in r["levels"] if row["level"] == max(LOAD_LEVELS) and row["refusal_p99_ms"] is not None]
+        if top:
+            print(
+                "  refusal p99 / the floor's at that rate: "
+                + ", ".join(f"{LABELS[row['server']]} {row['refusal_p99_ms'] / floor['p99_ms']:.2f}x" for row in top)
+            )
     pool = r["pool"]
     print(
         f"  70 %, Anytime JSON, the client keeping {pool['connections']} connections open from the start: "
@@ -467,10 +496,16 @@ def print_open_loop(r: dict[str, Any]) -> None:
 
 
 @contextmanager
-def servers(ladder_dir: Path, ladder: Ladder, out: Path) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
+def servers(
+    ladder_dir: Path, ladder: Ladder, out: Path, refusing: bool = True
+) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
     logs = {"anytime": out / "anytime.log", "plain": out / "plain.log"}
     with ExitStack() as stack:
         urls = {"anytime": stack.enter_context(running_server(ladder_dir, log=logs["anytime"]))}
+        if refusing:  # the refusal floor: the same server with an API key the load generator does not send
+            logs["refusing"] = out / "refusing.log"
+            refuse = running_server(ladder_dir, log=logs["refusing"], ANYTIME_API_KEY=secrets.token_hex(16))
+            urls["refusing"] = stack.enter_context(refuse)
         urls["floor"] = stack.enter_context(running_baseline(ladder_dir, floor=True))
         for i, rung in enumerate(pick_rungs(ladder).values()):
             log = logs["plain"] if i == 0 else out / f"plain-{rung.name}.log"
@@ -493,7 +528,7 @@ def main() -> None:
     ladder = load_ladder(args.ladder)
     split = FashionMNIST().split("test")
     started = time.perf_counter()
-    with servers(args.ladder, ladder, args.out) as (urls, logs):
+    with servers(args.ladder, ladder, args.out, refusing=not args.skip_load) as (urls, logs):
         report: dict[str, Any] = {
             "concurrency_1": concurrency_one(args.ladder, ladder, split, urls, args.requests, args.rounds)
         }

@@ -419,6 +419,8 @@ def test_frontdoor_refusal_p99_can_leave_out_requests_that_opened_a_connection()
     assert trial.refusal_p99() == pytest.approx(1.0 + 0.01 * 39.0)  # numpy's linear interpolation at the 99th
     assert trial.refusal_p99(reused_only=True) == 1.0
     assert trial.new_connections() == 2
+    # The refusal floor's figure: percentiles of one status's answers alone.
+    assert trial.client_ms(503, 50) == 1.0 and trial.client_ms(200, 99) == 90.0 and trial.client_ms(401, 99) is None
 
 
 def test_each_cell_runs_its_columns_in_a_seeded_random_order() -> None:
