@@ -25,6 +25,7 @@ import argparse
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,10 +59,10 @@ def main() -> None:
         x = np.random.default_rng(0).random((1, *runtime.spec.input_shape), dtype=np.float32)
         plan = planner.plan(Policy.FIXED, 1e3, 0.0, OnInfeasible.REJECT, rung.name)
 
-        def job() -> Job:
+        def job(done: Callable[[Job], None] = lambda _: None, inline: bool = True) -> Job:
             now = time.monotonic()
-            j = Job("bench", now, now + 1.0, x, plan, lambda _: None)
-            scheduler.submit(j, inline=True)
+            j = Job("bench", now, now + 1.0, x, plan, done)
+            scheduler.submit(j, inline=inline)
             return j
 
         for _ in range(2000):
@@ -85,10 +86,8 @@ def main() -> None:
             waits = []
             for _ in range(handed):
                 finished.clear()
-                now = time.monotonic()
-                j = Job("bench", now, now + 1.0, x, plan, done)
                 start = time.perf_counter()
-                scheduler.submit(j)
+                j = job(done, inline=False)
                 if not finished.wait(5.0):
                     raise SystemExit("the worker did not finish a job within 5 s")
                 waits.append((time.perf_counter() - start - j.run_s) * 1e6)
