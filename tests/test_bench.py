@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,3 +25,100 @@ def test_bench_inline_times_both_paths_when_the_quickest_rung_is_over_the_inline
     assert "over the inline limit (0.0 ms)" in out
     figures = {k: float(v) for k, v in re.findall(r"(bare engine run|inline|on the worker)\s+([0-9.]+) us", out)}
     assert set(figures) == {"bare engine run", "inline", "on the worker"} and all(v > 0 for v in figures.values())
+
+
+def _frontdoor_report(**changes: Any) -> dict[str, Any]:
+    """A bench.frontdoor report (its JSON) in which every target holds; `changes` replaces parts of it."""
+
+    def rung() -> dict[str, Any]:
+        return {
+            "engine_p50_ms": 0.10,
+            "plain": {"p50_ms": 0.60},
+            "lean": {"p50_ms": 0.35},
+            "json": {"p50_ms": 0.40},
+            "png": {"p50_ms": 0.40},
+        }
+
+    levels = [
+        {
+            "level": level,
+            "server": server,
+            "on_time_5ms": 0.995,
+            "statuses": {"200 ok": 900, "503 overloaded": 100} if level == 2.0 else {"200 ok": 1000},
+            "server_500s": 0,
+            "refusal_p99_ms": 1.2 if level == 2.0 else None,
+        }
+        for level in (0.25, 0.5, 0.7, 1.0, 2.0)
+        for server in ("anytime", "anytime-png", "plain")
+    ]
+    scan = [[100.0, 1.0], [200.0, 0.995]]
+    report: dict[str, Any] = {
+        "concurrency_1": {
+            "rungs": {"fastest INT8": rung(), "most accurate": rung()},
+            "default_2ms": {"on_time": 20},
+        },
+        "open_loop": {
+            "levels": levels,
+            "capacity_5ms": {"anytime": 200.0, "anytime-png": 200.0, "plain": 100.0},
+            "scan": {"anytime": scan, "anytime-png": scan, "plain": scan},
+            "refusal_floor": {"p99_ms": 1.0},
+            "log_errors": {"anytime": {"tracebacks": 0, "error_lines": 0}},
+        },
+    }
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = report
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    return report
+
+
+def _verdicts(report: dict[str, Any]) -> dict[str, bool | None]:
+    from bench.frontdoor import targets
+
+    return {t.target: t.met for t in targets(report)}
+
+
+def test_frontdoor_grades_a_run_that_holds_every_target_as_met() -> None:
+    verdicts = _verdicts(_frontdoor_report())
+    assert len(verdicts) == 9 + 2 * 6 + 1 and all(v is True for v in verdicts.values())
+
+
+@pytest.mark.parametrize(
+    "statuses",
+    [
+        {"200 ok": 900, "500 internal_error": 1},
+        {"200 ok": 900, "client_timeout": 1},  # no answer at all
+        {"200 ok": 900, "503 bad_body": 1},  # a refusal without a JSON code
+    ],
+)
+def test_frontdoor_grades_an_overload_with_any_answer_but_200_or_a_json_refusal_as_missed(
+    statuses: dict[str, int],
+) -> None:
+    report = _frontdoor_report()
+    report["open_loop"]["levels"][-3]["statuses"] = statuses  # 2x capacity, Anytime JSON
+    missed = [t for t, met in _verdicts(report).items() if met is False]
+    assert missed == ["Anytime, JSON/base64, 2x capacity: every request 200 or refused 429/503/504 with JSON, no 500"]
+
+
+def test_frontdoor_grades_the_5ms_capacity_when_plain_never_reached_99_percent() -> None:
+    """Plain under 99 % at the lowest rate scanned: its capacity is below that rate, so 1.5x that rate is enough;
+    and when neither server reached 99 % the run cannot tell."""
+    capacity = "open_loop.capacity_5ms"
+    key = "Anytime, JSON/base64: capacity at 5 ms >= 1.5x plain's"
+    assert _verdicts(_frontdoor_report(**{capacity: {"anytime": 200.0, "anytime-png": 200.0, "plain": 0}}))[key]
+    slow = _frontdoor_report(**{capacity: {"anytime": 100.0, "anytime-png": 100.0, "plain": 0}})
+    assert _verdicts(slow)[key] is False  # 100 req/s, the lowest rate scanned: plain's may be just under it
+    none = _frontdoor_report(**{capacity: {"anytime": None, "anytime-png": None, "plain": None}})
+    assert _verdicts(none)[key] is None
+
+
+def test_frontdoor_grades_each_concurrency_1_figure_against_its_target() -> None:
+    slow = {"p50_ms": 0.65}  # 0.55 ms over the engine, and above plain's 0.60
+    verdicts = _verdicts(_frontdoor_report(**{"concurrency_1.rungs.fastest INT8.json": slow}))
+    missed = sorted(t for t, met in verdicts.items() if met is False)
+    assert missed == [
+        "concurrency 1, fastest INT8 rung, JSON/base64: client p50 - bare engine <= 0.5 ms",
+        "concurrency 1, fastest INT8 rung, JSON/base64: client p50 below plain FastAPI + ORT's",
+    ]
