@@ -90,7 +90,8 @@ def test_frontdoor_grades_a_run_that_holds_every_target_as_met() -> None:
     [
         {"200 ok": 900, "500 internal_error": 1},
         {"200 ok": 900, "client_timeout": 1},  # no answer at all
-        {"200 ok": 900, "503 bad_body": 1},  # a refusal without a JSON code
+        {"200 ok": 900, "503 bad_body": 1},  # a refusal whose body is not JSON
+        {"200 ok": 900, "503 http_503": 1},  # a JSON refusal without a code
     ],
 )
 def test_frontdoor_grades_an_overload_with_any_answer_but_200_or_a_json_refusal_as_missed(
