@@ -498,7 +498,7 @@ def print_open_loop(r: dict[str, Any]) -> None:
 
 
 # -- the targets --------------------------------------------------------------------------------------
-REFUSED_WITH_JSON = (429, 503, 504)
+REFUSED_WITH_JSON = frozenset({"429", "503", "504"})  # statuses a refusal may carry
 
 
 @dataclass
@@ -546,6 +546,7 @@ def targets(report: dict[str, Any]) -> list[Target]:
     if loop is None:
         return out
     levels = {(row["level"], row["server"]): row for row in loop["levels"]}
+    floor = loop.get("refusal_floor", {}).get("p99_ms")  # reports from before the refusal floor lack it
     for server in ("anytime", "anytime-png"):
         for level in (0.25, 0.5, 0.7):
             share = levels[(level, server)]["on_time_5ms"]
@@ -573,10 +574,7 @@ def targets(report: dict[str, Any]) -> list[Target]:
                 answered and top["server_500s"] == 0,
             )
         )
-        p99, floor = (
-            top["refusal_p99_ms"],
-            loop.get("refusal_floor", {}).get("p99_ms"),
-        )  # reports before the floor lack it
+        p99 = top["refusal_p99_ms"]
         context = f" (the refusal floor's {floor:.2f} ms)" if floor is not None else ""
         out.append(
             Target(
@@ -603,7 +601,7 @@ def _answered_with_json(status_and_code: str) -> bool:
     if status == "200":
         return code == "ok"
     # loadtest/client.py records a body that is not a JSON object as `bad_body`, one without a `code` as `http_<status>`
-    return status in {str(s) for s in REFUSED_WITH_JSON} and code not in ("", "bad_body", f"http_{status}")
+    return status in REFUSED_WITH_JSON and code not in ("", "bad_body", f"http_{status}")
 
 
 def print_targets(rows: list[Target]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bench import inline
+from bench.frontdoor import targets
 
 
 def test_bench_inline_times_both_paths_when_the_quickest_rung_is_over_the_inline_limit(
@@ -75,8 +76,6 @@ def _frontdoor_report(**changes: Any) -> dict[str, Any]:
 
 
 def _verdicts(report: dict[str, Any]) -> dict[str, bool | None]:
-    from bench.frontdoor import targets
-
     return {t.target: t.met for t in targets(report)}
 
 
