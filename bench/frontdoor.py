@@ -9,7 +9,8 @@ httptools, no access log):
    that rung's ONNX file, the lean reference on it (loadtest/baseline.py --lean: an async route, orjson, the
    engine inline; how little the request path can cost on this machine), the bare engine (same session options,
    in this process), and Anytime fixed on that rung with a JSON/base64 body, a binary PNG body and a uint8 tensor
-   body. Then Anytime's default policy at a loose and a 2 ms deadline, and where Anytime's time goes (its
+   body. Then Anytime's default policy at a loose deadline and at 2 ms (20 requests, one after another on one
+   keep-alive connection, on time = 200 within 2 ms at the client), and where Anytime's time goes (its
    Server-Timing phases).
 2. Open-loop Poisson load on the fastest INT8 rung, both servers. Capacity: the highest rate whose answers
    keep up (>= 95 % answered 200 within a loose 100 ms deadline, at the client). Then a 5 ms deadline at
@@ -59,6 +60,7 @@ SERVERS = ("anytime", "anytime-png", "plain")  # anytime-png: the same server, t
 LABELS = {"anytime": "Anytime, JSON/base64", "anytime-png": "Anytime, PNG body", "plain": "plain FastAPI + ORT, JSON"}
 SCAN_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # for the capacity at 5 ms and the plot
 CLIENT_TIMEOUT_S = 2.0
+TIGHT_REQUESTS = 20  # the 2 ms test on an idle server
 POOL_CONNECTIONS = 32  # a client with a large keep-alive pool, at 70 % of capacity
 
 
@@ -83,6 +85,7 @@ class Series:
     server_ms: list[float] = field(default_factory=list)
     phases: list[dict[str, float]] = field(default_factory=list)
     statuses: Counter[int] = field(default_factory=Counter)
+    ok: list[bool] = field(default_factory=list)  # per request, beside client_ms: answered 200
 
     def run(self, n: int) -> None:
         conn = BlockingConnection(self.url)
@@ -93,6 +96,7 @@ class Series:
                 response, headers = conn.send(request)
                 self.client_ms.append((time.perf_counter() - start) * 1e3)
                 self.statuses[response.status] += 1
+                self.ok.append(response.status == 200)
                 body = response.json()
                 if "latency_ms" in body:
                     self.server_ms.append(body["latency_ms"])
@@ -203,15 +207,13 @@ def concurrency_one(
             s.run(requests)
     runs = requests * rounds
     engines = {role: engine_ms(ladder_dir, r, inputs, runs, ladder.threads) for role, r in pick_rungs(ladder).items()}
+    # 20 requests, each a different image, one after another on one keep-alive connection: no other load
     tight = Series(
-        "Anytime default policy, deadline 2 ms", urls["anytime"], _json_requests(urls["anytime"], pngs, deadline_ms=2)
+        "Anytime default policy, deadline 2 ms",
+        urls["anytime"],
+        _json_requests(urls["anytime"], pngs[:TIGHT_REQUESTS], deadline_ms=2),
     )
-    tight_ok = []
-    for i in range(20):
-        tight.requests = _json_requests(urls["anytime"], pngs[i : i + 1], deadline_ms=2)
-        before = sum(tight.statuses.values())
-        tight.run(1)
-        tight_ok.append(sum(tight.statuses.values()) > before and tight.statuses[200] > 0)
+    tight.run(TIGHT_REQUESTS)
     for role, rung in pick_rungs(ladder).items():
         s, eng = per_rung[role], float(np.median(engines[role]))
         report["rungs"][role] = {
@@ -235,7 +237,8 @@ def concurrency_one(
     report["default_2ms"] = {
         "statuses": dict(tight.statuses),
         "p50_ms": tight.p(50),
-        "on_time": int(tight.statuses[200]),
+        "answered_200": int(tight.statuses[200]),  # on time by the server's clock
+        "on_time": sum(ok and ms <= 2.0 for ms, ok in zip(tight.client_ms, tight.ok, strict=True)),  # at the client
     }
     phases = per_rung["fastest INT8"]["json"].phases
     report["phases_ms"] = {k: float(np.median([p.get(k, 0.0) for p in phases])) for k in phases[0]} if phases else {}
@@ -267,8 +270,9 @@ def print_concurrency_one(r: dict[str, Any]) -> None:
         f"{loose['server_p50_ms']:.3f} ms, client - server {loose['p50_ms'] - loose['server_p50_ms']:.3f} ms"
     )
     print(
-        f"Anytime default policy, deadline 2 ms on an idle server: {tight['on_time']} of 20 answered 200 on time "
-        f"(statuses {tight['statuses']}), client p50 {tight['p50_ms']:.3f} ms"
+        f"Anytime default policy, deadline 2 ms on an idle server (one keep-alive connection): {tight['on_time']} of "
+        f"{TIGHT_REQUESTS} answered 200 within 2 ms at the client ({_answered_200(tight)} of {TIGHT_REQUESTS} on time "
+        f"by the server's clock; statuses {tight['statuses']}), client p50 {tight['p50_ms']:.3f} ms"
     )
     ph = r["phases_ms"]
     if ph:
@@ -537,8 +541,8 @@ def targets(report: dict[str, Any]) -> list[Target]:
     tight = c1["default_2ms"]
     out.append(
         Target(
-            "default policy, 2 ms deadline, idle server: >= 19 of 20 on time",
-            f"{tight['on_time']} of 20",
+            "default policy, 2 ms deadline, idle server: >= 19 of 20 on time at the client",
+            f"{tight['on_time']} of 20 ({_answered_200(tight)} on time by the server's clock)",
             tight["on_time"] >= 19,
         )
     )
@@ -593,6 +597,12 @@ def targets(report: dict[str, Any]) -> list[Target]:
             )
         )
     return out
+
+
+def _answered_200(tight: dict[str, Any]) -> int:
+    """The 2 ms test's answers 200 (on time by the server's clock; reports before 2026-11-28 counted only these, as
+    `on_time`)."""
+    return int(tight.get("answered_200", tight["on_time"]))
 
 
 def _answered_with_json(status_and_code: str) -> bool:

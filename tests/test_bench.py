@@ -56,7 +56,7 @@ def _frontdoor_report(**changes: Any) -> dict[str, Any]:
     report: dict[str, Any] = {
         "concurrency_1": {
             "rungs": {"fastest INT8": rung(), "most accurate": rung()},
-            "default_2ms": {"on_time": 20},
+            "default_2ms": {"on_time": 20, "answered_200": 20},
         },
         "open_loop": {
             "levels": levels,
@@ -130,3 +130,14 @@ def test_frontdoor_grades_a_report_from_before_the_refusal_floor() -> None:
     del report["open_loop"]["refusal_floor"]
     verdicts = _verdicts(report)
     assert verdicts["Anytime, JSON/base64, 2x capacity: refusal p99 < 2 ms"] is True
+
+
+def test_frontdoor_grades_the_2ms_test_at_the_client() -> None:
+    """Answers the server had on time but that reached the client after 2 ms are late; an older report, which counted
+    only the server's, is graded on that count."""
+    key = "default policy, 2 ms deadline, idle server: >= 19 of 20 on time at the client"
+    late = _frontdoor_report(**{"concurrency_1.default_2ms": {"on_time": 18, "answered_200": 20}})
+    target = next(t for t in targets(late) if t.target == key)
+    assert target.met is False and target.figure == "18 of 20 (20 on time by the server's clock)"
+    old = _frontdoor_report(**{"concurrency_1.default_2ms": {"on_time": 19}})
+    assert _verdicts(old)[key] is True
