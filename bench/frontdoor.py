@@ -600,7 +600,7 @@ def targets(report: dict[str, Any]) -> list[Target]:
 
 
 def _answered_200(tight: dict[str, Any]) -> int:
-    """The 2 ms test's answers 200 (on time by the server's clock; reports before 2026-11-28 counted only these, as
+    """The 2 ms test's answers 200 (on time by the server's clock; reports before `58c2fc6` counted only these, as
     `on_time`)."""
     return int(tight.get("answered_200", tight["on_time"]))
 
