@@ -41,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "add_serve",
         "serve a ladder over HTTP (FastAPI + uvicorn)",
         "Serve /v1/classify with deadline-aware planning. Every option can also be set as an ANYTIME_* "
-        "environment variable (ANYTIME_LADDER, ANYTIME_PORT, ...; see service/config.py).",
+        "environment variable (ANYTIME_LADDER, ANYTIME_PORT, ...; every one with its default: the README's Settings).",
     ),
     "loadtest": (
         "cli.load",

@@ -15,7 +15,7 @@ class Settings(BaseSettings):
 
     ladder: Path = Field(Path("ladders/default"), description="the ladder directory (its ladder.json) to serve")
     host: str = Field("127.0.0.1", description="bind address (0.0.0.0: every interface)")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on")
     threads: int | None = Field(None, ge=1, le=256, description="threads per engine (default: the ladder's)")
     max_queue: int = Field(256, ge=1, description="queued requests before 429")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="a larger body is refused 413")
@@ -79,9 +79,16 @@ class Settings(BaseSettings):
         5, ge=0, description="warm-up runs of each engine at start-up (batch 1 and 8) before /readyz says ready"
     )
     # The front door (service/server.py): what a slow or greedy client may hold.
-    max_connections: int = Field(512, ge=1, description="open connections; more are answered 503 and closed")
+    max_connections: int = Field(
+        512, ge=1, description="open connections; more are answered 503 too_many_connections and closed"
+    )
     keep_alive_s: int = Field(5, ge=1, description="an idle connection is closed after this long")
-    body_timeout_s: float = Field(5.0, gt=0, description="a body that takes longer to arrive is answered 408")
+    body_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="a body that takes longer to arrive is answered 408 (504 deadline_expired where the request's "
+        "deadline, known from its query string or X-Deadline-Ms, comes first)",
+    )
     drain_timeout_s: int = Field(10, ge=1, description="on SIGTERM, in-flight work gets this long to finish")
     shed_after_ms: float = Field(
         2.0,
@@ -95,15 +102,20 @@ class Settings(BaseSettings):
     shed_min_connections: int = Field(
         8,
         ge=0,
-        description="no shedding while this many requests or fewer are in flight (each connection carries one at "
-        "a time, so that many waiting clients cannot overload the server; idle keep-alive connections do not count)",
+        description="shedding starts only with more than this many requests in flight, and never with this many "
+        "connections open or fewer (each carries one request at a time: that many waiting clients cannot overload "
+        "the server; idle keep-alive connections alone do not start it)",
     )
     keep_cores_awake: bool = Field(
         False,
         description="spin a lowest-priority process on each core the server may use, so that an idle core does not "
         "sleep and a lone request does not pay for waking it (service/awake.py; the cores then show 100 % busy)",
     )
-    access_log: bool = Field(False, description="one log line per request (off: it costs more than a fast rung)")
+    access_log: bool = Field(
+        False,
+        description="one log line per request that reaches the app (refusals the HTTP parser writes itself are "
+        "counted in /metrics only); off: it costs more than a fast rung",
+    )
     otel: bool = Field(
         False,
         description="FastAPI's native OpenTelemetry tracing, metrics and logs (off: /metrics is the service's "
@@ -112,7 +124,7 @@ class Settings(BaseSettings):
     log_format: LogFormat = Field("text", description="text lines, or one JSON object a line")
     # Security (service/auth.py): without a key every route is open, as on a trusted network.
     api_key: SecretStr | None = Field(None, description="if set, /v1 routes need `Authorization: Bearer <key>`")
-    api_key_metrics: bool = Field(False, description="with api_key: /metrics needs the key too")
+    api_key_metrics: bool = Field(False, description="with api_key set: /metrics needs the key too")
 
     @field_validator("ladder")
     @classmethod
@@ -120,3 +132,14 @@ class Settings(BaseSettings):
         if not (v / "ladder.json").is_file():
             raise ValueError(f"no ladder.json in {v}: build one with `anytime build --out {v}`")
         return v
+
+
+def reference() -> str:
+    """Every setting as a Markdown table row: variable, default, meaning (README.md, "Settings", holds this table;
+    tests/test_docs.py keeps the two the same)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        shown = "unset" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+        rows.append(f"| `ANYTIME_{name.upper()}` | `{shown}` | {field.description or ''} |")
+    return "\n".join(rows)
