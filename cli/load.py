@@ -27,7 +27,10 @@ def _add_load_options(p: argparse.ArgumentParser, defaults: dict[str, Any]) -> N
     )
     p.add_argument("--on-infeasible", choices=["reject", "best_effort"], default=defaults["on_infeasible"])
     p.add_argument(
-        "--timeout", type=positive_float, default=defaults["timeout_s"], help="client timeout per request, s"
+        "--timeout",
+        type=positive_float,
+        default=defaults["timeout_s"],
+        help="client timeout per request, s (default: %(default)s)",
     )
     p.add_argument("--seed", type=int, default=defaults["seed"], help="seeds arrivals, deadlines and the image order")
     p.add_argument("--data", default="fashion-mnist", help="labelled test images: fashion-mnist[:DIR] or folder:DIR")
@@ -38,9 +41,16 @@ def add_loadtest(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=LOAD["url"], help="the server (default: %(default)s)")
     p.add_argument("--allow-remote", action="store_true", help="allow a target outside loopback")
     p.add_argument("--scenario", choices=["server", "single-stream"], default=str(LOAD["scenario"]))
-    p.add_argument("--rate", type=positive_float, default=LOAD["rate"], help="Poisson arrivals per s (server scenario)")
+    p.add_argument(
+        "--rate",
+        type=positive_float,
+        default=LOAD["rate"],
+        help="Poisson arrivals per s (server scenario; default: %(default)s)",
+    )
     deadline = p.add_mutually_exclusive_group()
-    deadline.add_argument("--deadline", type=positive_float, default=10.0, help="deadline_ms of every request")
+    deadline.add_argument(
+        "--deadline", type=positive_float, default=10.0, help="deadline_ms of every request (default: %(default)s)"
+    )
     deadline.add_argument("--deadline-mix", help='deadline_ms:probability pairs, e.g. "3:0.3,10:0.5,50:0.2"')
     p.add_argument("--policy", choices=["auto", "cascade", "static", "fixed"], default=LOAD["policy"])
     p.add_argument("--rung", help="the rung, with --policy fixed")
