@@ -34,6 +34,11 @@ def add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="(default: %(default)s)")
     p.add_argument("--threads", type=positive, default=DEFAULTS["threads"], help="(default: %(default)s)")
     p.add_argument("--limit", type=positive, help="train on the first N training images only")
+    p.add_argument(
+        "--device",
+        default=DEFAULTS["device"],
+        help="where the model trains: cpu, or cuda (cuda:N) on an NVIDIA GPU through torch (default: %(default)s)",
+    )
     p.add_argument("--init", type=Path, help="continue from this checkpoint's weights (its command is recorded too)")
     p.add_argument("--data", default="fashion-mnist", help=DATA_HELP)
     p.add_argument("--out", type=Path, required=True, help="checkpoint file to write")
@@ -61,6 +66,7 @@ def run_train(args: argparse.Namespace) -> None:
         threads=args.threads,
         limit=args.limit,
         init=args.init,
+        device=args.device,
     )
     command = "anytime " + shlex.join(sys.argv[1:])
     try:

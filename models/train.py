@@ -32,6 +32,20 @@ class TrainConfig:
     limit: int | None = None  # train on the first N training images only (quick runs)
     init: Path | None = None  # continue from this checkpoint's weights (same model and config)
     augment: bool = True
+    device: str = "cpu"  # where the model trains ("cuda", "cuda:1"); batches are cut and augmented on the CPU
+
+
+def training_device(name: str) -> torch.device:
+    """The torch device to train on; a clear error for a name torch does not know or a GPU that is not there."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: use cpu or cuda (cuda:N for the N-th GPU)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name}: only cpu and cuda are supported")
+    return device
 
 
 def set_determinism(seed: int, threads: int) -> None:
@@ -64,9 +78,14 @@ def to_tensor(images: np.ndarray, spec: PreprocessSpec) -> torch.Tensor:
 
 @torch.inference_mode()
 def evaluate_exits(
-    model: Any, split: Split, spec: PreprocessSpec, batch_size: int = 500, progress: bool = False
+    model: Any,
+    split: Split,
+    spec: PreprocessSpec,
+    batch_size: int = 500,
+    progress: bool = False,
+    device: torch.device | None = None,
 ) -> list[float]:
-    """Per-exit top-1 accuracy on a split."""
+    """Per-exit top-1 accuracy on a split (run on `device`, default the CPU)."""
     model.eval()
     correct: list[int] = []
     for images, labels in tqdm(
@@ -76,7 +95,7 @@ def evaluate_exits(
         disable=not progress,
         leave=False,
     ):
-        outs = model.forward_all(to_tensor(images, spec))
+        outs = [o.cpu() for o in model.forward_all(to_tensor(images, spec).to(device or "cpu"))]
         target = torch.from_numpy(labels)
         hits = [int((o.argmax(1) == target).sum()) for o in outs]
         correct = hits if not correct else [a + b for a, b in zip(correct, hits, strict=True)]
@@ -87,6 +106,7 @@ def train(config: TrainConfig, source: DataSource, command: str, progress: bool 
     """Train a multi-exit model on `source`'s train split; evaluate every exit on val and test."""
     from models.registry import create_model
 
+    device = training_device(config.device)
     set_determinism(config.seed, config.threads)
     spec = source.preprocess()
     # channels_last measured 1.3x faster training on this CPU; set before the optimizer takes the parameters.
@@ -101,7 +121,7 @@ def train(config: TrainConfig, source: DataSource, command: str, progress: bool 
     model: Any = create_model(config.model, **config.model_config)
     if parent is not None:
         model.load_state_dict(parent.state_dict)
-    model = model.to(memory_format=torch.channels_last)
+    model = model.to(device=device, memory_format=torch.channels_last)
     num_exits = model.num_stages
     weights = config.exit_weights or (1.0,) * num_exits
     if len(weights) != num_exits:
@@ -132,7 +152,8 @@ def train(config: TrainConfig, source: DataSource, command: str, progress: bool 
             x, y = x_all[idx], y_all[idx]
             if config.augment:
                 x = augment(x, gen)
-            outs = model.forward_all(x.contiguous(memory_format=torch.channels_last))
+            x, y = x.to(device).contiguous(memory_format=torch.channels_last), y.to(device)
+            outs = model.forward_all(x)
             loss = torch.stack([w * F.cross_entropy(o, y) for w, o in zip(weights, outs, strict=True)]).sum() / sum(
                 weights
             )
@@ -151,10 +172,12 @@ def train(config: TrainConfig, source: DataSource, command: str, progress: bool 
     model = model.to(memory_format=torch.contiguous_format).eval()
     test = source.split("test")
     accuracy = {
-        "val": evaluate_exits(model, source.split("val"), spec, progress=progress),
-        "test": evaluate_exits(model, test, spec, progress=progress),
-        "test[:1000]": evaluate_exits(model, test.head(1000), spec),
+        "val": evaluate_exits(model, source.split("val"), spec, progress=progress, device=device),
+        "test": evaluate_exits(model, test, spec, progress=progress, device=device),
+        "test[:1000]": evaluate_exits(model, test.head(1000), spec, device=device),
     }
+    model = model.cpu()
+    trained_on = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return Checkpoint(
         model_name=config.model,
         model_config=model.config.to_dict() if hasattr(model.config, "to_dict") else dict(config.model_config),
@@ -169,7 +192,12 @@ def train(config: TrainConfig, source: DataSource, command: str, progress: bool 
         accuracy=accuracy,
         train_images=len(train_split),
         train_seconds=train_seconds + (parent.train_seconds if parent is not None else 0.0),
-        versions={"torch": str(torch.__version__), "python": platform.python_version(), "numpy": np.__version__},
+        versions={
+            "torch": str(torch.__version__),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "device": trained_on,
+        },
     )
 
 

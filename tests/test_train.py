@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from models import create_model
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from models.data import FashionMNIST
-from models.train import TrainConfig, evaluate_exits, to_tensor, train
+from models.train import TrainConfig, evaluate_exits, to_tensor, train, training_device
+from tests.engines.gpu import needs_cuda
 
 
 def _mean_loss(model: torch.nn.Module, fmnist: FashionMNIST, n: int) -> float:
@@ -83,3 +84,42 @@ def test_default_checkpoint_accuracy_floor(default_checkpoint: Checkpoint) -> No
     it was trained to: first exit >= 88 %, last exit >= 93 %, and every exit at least as good as the one before."""
     test = default_checkpoint.accuracy["test"]
     assert test[-1] >= 0.93 and test[0] >= 0.88 and test == sorted(test), test
+
+
+def test_training_device_errors_name_the_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert training_device("cpu").type == "cpu"
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        training_device("gpu0")
+    with pytest.raises(ValueError, match="only cpu and cuda"):
+        training_device("meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA GPU is visible"):
+        training_device("cuda")
+
+
+def test_train_cli_refuses_a_missing_gpu_before_training(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli.main import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "never.pt"
+    argv = ["train", "--model", "resnet_exits.small", "--epochs", "1", "--limit", "64", "--device", "cuda"]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert "no CUDA GPU is visible" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_training_on_a_cuda_gpu_writes_a_cpu_checkpoint(fmnist: FashionMNIST) -> None:
+    """A short run on the GPU: the loss falls, the weights come back on the CPU, and the accuracy the checkpoint
+    records is what the CPU measures on the same images (up to a near-tie flipping between kernels)."""
+    before = create_model("resnet_exits.small")
+    config = TrainConfig(model="resnet_exits.small", epochs=3, limit=1024, batch_size=32, lr=0.1, seed=1, device="cuda")
+    ckpt = train(config, fmnist, command="pytest cuda run", progress=False)
+    assert all(t.device.type == "cpu" for t in ckpt.state_dict.values())
+    assert ckpt.versions["device"] == torch.cuda.get_device_name(0)
+    model = ckpt.build_model()
+    assert _mean_loss(model, fmnist, 512) < _mean_loss(before, fmnist, 512)
+    measured = evaluate_exits(model, fmnist.split("test").head(1000), ckpt.preprocess)
+    assert measured == pytest.approx(ckpt.accuracy["test[:1000]"], abs=0.003)
