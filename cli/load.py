@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,12 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
         "--capacity-start", type=positive_float, default=SWEEP["capacity_start"], help="first rate tried, req/s"
     )
     p.add_argument("--out", type=Path, default=Path("reports/sweep"), help="report folder")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the stopped sweep in --out: the cells it finished are read back, not run again (same options "
+        "and the same ladder.json, or it is refused)",
+    )
     p.set_defaults(func=run_sweep)
 
 
@@ -175,6 +182,7 @@ def run_loadtest(args: argparse.Namespace) -> None:
 
 def run_sweep(args: argparse.Namespace) -> None:
     from engines.manifest import load_ladder
+    from loadtest.journal import ResumeError
     from loadtest.sweep import policy_specs, save_sweep
     from loadtest.sweep import run_sweep as sweep
     from models.data import open_source
@@ -205,5 +213,15 @@ def run_sweep(args: argparse.Namespace) -> None:
         capacity_start=args.capacity_start,
         progress=not args.quiet,
     )
-    report = save_sweep(sweep(config, open_source(args.data).split("test")))
+    try:
+        result = sweep(config, open_source(args.data).split("test"), resume=args.resume)
+    except ResumeError as e:
+        raise UsageError(str(e)) from None
+    except KeyboardInterrupt:
+        print(
+            f"the finished cells are kept in {args.out}: the same command with --resume runs the rest",
+            file=sys.stderr,
+        )
+        raise
+    report = save_sweep(result)
     print(f"wrote {report} and its plots")

@@ -281,9 +281,15 @@ def _capacity(result: SweepResult) -> list[str]:
 def _method(result: SweepResult) -> list[str]:
     c, m, ladder = result.config, result.machine, result.ladder
     policies = "; ".join(str(s) for s in result.specs)
+    resumed = (
+        f" Resumed: {result.resumed_cells} of the {len(result.cells)} cells were run by an earlier, stopped run of "
+        "the same sweep (`--resume`; the time counts both runs)."
+        if result.resumed_cells
+        else ""
+    )
     return [
-        f"Run {result.started}, {result.wall_s:.0f} s in all. Machine: {m['cpu']}, {m['cores']} CPUs, {m['platform']}. "
-        "The load generator, the Anytime server and the baseline share this machine's cores.",
+        f"Run {result.started}, {result.wall_s:.0f} s in all.{resumed} Machine: {m['cpu']}, {m['cores']} CPUs, "
+        f"{m['platform']}. The load generator, the Anytime server and the baseline share this machine's cores.",
         "",
         f"Ladder `{c.ladder}` (model {ladder.model}, {len(ladder.rungs)} rungs, {len(ladder.cascades)} cascades, "
         f"profiles measured with {ladder.threads} threads on {ladder.machine.get('cpu', 'its build machine')}). "

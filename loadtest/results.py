@@ -111,3 +111,4 @@ class SweepResult:
     capacity: list[Capacity]
     load_capacity: Capacity | None = None  # auto's, when the rates are percentages of it
     sample: list[SampleRow] = field(default_factory=list)
+    resumed_cells: int = 0  # cells an earlier, stopped run of the same sweep finished (loadtest/journal.py)

@@ -11,7 +11,6 @@ deadline classifies it correctly; an upper bound no policy reaches).
 
 from __future__ import annotations
 
-import datetime
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from engines.steps import measure as profile
 from loadtest.baseline import baseline_rung, running_baseline
 from loadtest.client import LoadConfig, run_load
 from loadtest.harness import running_server
+from loadtest.journal import Journal
 from loadtest.report import write_report
 from loadtest.results import (
     BISECTIONS,
@@ -45,7 +45,7 @@ from loadtest.results import (
     SweepResult,
 )
 from loadtest.schedule import DeadlineMix, image_order
-from loadtest.summary import METHOD, Record, summarize, write_records
+from loadtest.summary import METHOD, Record, summarize
 from models.data import PreprocessSpec, Split
 
 KEEP_UP_DEADLINE_MS, KEEP_UP_SHARE = 100.0, 0.95
@@ -336,9 +336,13 @@ def _cell_name(cell: Cell) -> str:
     return f"rate{cell.rate:g}_d{cell.deadline_ms:g}_{cell.spec.label.replace(':', '-')}_r{cell.repeat}"
 
 
-def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
-    """The union bound first (offline, before any server runs), then the rates, every cell, the capacities."""
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+def run_sweep(config: SweepConfig, split: Split, resume: bool = False) -> SweepResult:
+    """The union bound first (offline, before any server runs), then the rates, every cell, the capacities.
+
+    Each finished cell is kept in the journal under config.out at once (loadtest/journal.py); with `resume`, the
+    cells an earlier run of the same settings finished are read back instead of run again (ResumeError if the
+    folder holds no sweep or one of other settings)."""
+    journal = Journal(config, resume)  # first: a resume that cannot be is refused before any work
     t0 = time.perf_counter()
     ladder = load_ladder(config.ladder)
     specs = policy_specs(ladder, config.policies)
@@ -348,43 +352,57 @@ def run_sweep(config: SweepConfig, split: Split) -> SweepResult:
     oracle, sample = oracle_bound(answers, config.deadlines_ms), sample_luck(ladder, answers)
     cells: list[Cell] = []
     capacity: list[Capacity] = []
-    load_capacity = None
+    load_capacity = journal.load_capacity()
+    rates = config.rates or journal.rates()
     # Without rates, auto's keep-up capacity on its own server sets them; a server no column needs is not started.
     auto = next((s for s in specs if s.label == "auto"), PolicySpec("auto", "auto", server="auto"))
-    with _servers(config.ladder, {s.server for s in specs} | (set() if config.rates else {auto.server})) as urls:
+    with _servers(config.ladder, {s.server for s in specs} | (set() if rates else {auto.server})) as urls:
         runner = _Runner(config, split, urls)
-        rates = config.rates
         if not rates:
             load_capacity = keep_up_capacity(runner, auto, config.capacity_start)
             if load_capacity.rate is None:
                 raise RuntimeError(f"no rate kept up, down to {config.capacity_start / 2**EXPAND_STEPS:g} req/s")
             rates = tuple(round(load_capacity.rate * p / 100, 1) for p in config.load)
+        journal.set_rates(rates, load_capacity)
         grid = [
-            (r, d, s, k)
+            Cell(s, r, d, [], {}, k)
             for k in range(config.repeats)
             for r in rates
             for d in config.deadlines_ms
             for s in column_order(specs, config.seed, k, r, d)
         ]
-        for rate, deadline, spec, k in tqdm(grid, desc="sweep", unit="cell", disable=not config.progress):
-            records, metrics = runner.run(spec, rate, deadline, repeat=k)
-            cells.append(Cell(spec, rate, deadline, records, metrics, k))
-        if config.capacity:
+        todo = []
+        for cell in grid:
+            kept = journal.finished(_cell_name(cell))
+            if kept is None:
+                todo.append(cell)
+            else:
+                cell.records, cell.metrics = kept, summarize(kept)
+        for cell in tqdm(todo, desc="sweep", unit="cell", disable=not config.progress, initial=len(grid) - len(todo)):
+            cell.records, cell.metrics = runner.run(cell.spec, cell.rate, cell.deadline_ms, repeat=cell.repeat)
+            journal.add(_cell_name(cell), cell.records, time.perf_counter() - t0)
+        cells = grid
+        kept_capacity = journal.capacity()
+        if config.capacity and kept_capacity is not None:
+            capacity = kept_capacity
+        elif config.capacity:
             for spec in tqdm(specs, desc="capacity", unit="policy", disable=not config.progress):
                 capacity.append(_search_capacity(runner, spec, config))
+    journal.done(capacity, time.perf_counter() - t0)
     config.rates = rates
     return SweepResult(
         config,
         ladder,
         specs,
         machine_info(ladder),
-        started,
-        time.perf_counter() - t0,
+        journal.started,
+        journal.wall_before + time.perf_counter() - t0,
         cells,
         oracle,
         capacity,
         load_capacity,
         sample,
+        journal.resumed_cells,
     )
 
 
@@ -414,16 +432,15 @@ def _search_capacity(runner: _Runner, spec: PolicySpec, config: SweepConfig) -> 
 
 
 def save_sweep(result: SweepResult) -> Path:
-    """sweep.json, per-cell records, report.md and the plots under config.out; returns report.md's path."""
-    out = result.config.out
-    (out / "records").mkdir(parents=True, exist_ok=True)
-    for cell in result.cells:
-        write_records(out / "records" / f"{_cell_name(cell)}.jsonl", cell.records)
+    """sweep.json, report.md and the plots under config.out (beside the journal's per-cell records); returns
+    report.md's path."""
+    out = result.config.out  # the cells' records are already there: the journal wrote each as it finished
     data = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(result.config).items()},
         "machine": result.machine,
         "started": result.started,
         "wall_s": result.wall_s,
+        "resumed_cells": result.resumed_cells,
         "policies": [asdict(s) for s in result.specs],
         "oracle": [asdict(o) for o in result.oracle],
         "sample": [asdict(r) for r in result.sample],

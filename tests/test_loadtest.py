@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from loadtest.client import LoadConfig, check_target
 from loadtest.harness import png_base64, running_server
 from loadtest.http import ConnectionPool
 from loadtest.report import hindsight, picked_elsewhere, stat, targets
-from loadtest.results import Cell, PolicySpec
+from loadtest.results import Cell, PolicySpec, SweepResult
 from loadtest.schedule import DeadlineMix, image_order, make_workload, poisson_offsets
 from loadtest.summary import Record, read_records, summarize
 from loadtest.sweep import (
@@ -504,3 +506,93 @@ def test_sample_luck_sets_each_rung_and_ensemble_on_the_sweeps_images_beside_the
         ("b", 4, 0.25, 0.94),
         ("e", 4, 0.75, 0.95),
     ]  # a member cascade's soft-voted depths are left out
+
+
+def _deterministic_run_load(calls: list[LoadConfig], stop_at: int | None = None) -> Any:
+    """A substituted run_load: its records depend only on the load it is given (policy, rate, deadline, seed), so
+    a cell gives the same figures whenever it runs; with `stop_at`, that call is stopped as Ctrl-C would stop it."""
+
+    def run_load(config: LoadConfig, split: object, progress: bool) -> list[Record]:
+        if stop_at is not None and len(calls) == stop_at:
+            raise KeyboardInterrupt
+        calls.append(config)
+        d = config.deadlines.deadlines_ms[0]
+        return [
+            Record(i, i, 0, d, 0.01 * i, 0.0, 1.0 + i, 200, "ok", server_ms=0.5 + i, rung="r", exit=1,
+                   deadline_met=(i + int(d)) % 3 > 0, correct=(i + config.seed + len(config.policy)) % 2 == 0)
+            for i in range(4)
+        ]  # fmt: skip
+
+    return run_load
+
+
+def test_a_stopped_sweep_resumes_with_only_the_missing_cells_with_run_load_and_servers_substituted(
+    monkeypatch: pytest.MonkeyPatch, ladder_dir: Path, tmp_path: Path, fmnist: FashionMNIST
+) -> None:
+    """Stopped in its fourth cell, a sweep keeps the three it finished; `--resume` runs only the other five, and its
+    cells, figures and report are those of the same sweep run in one go."""
+    from contextlib import contextmanager
+
+    from loadtest import sweep
+    from loadtest.journal import JOURNAL, ResumeError
+
+    @contextmanager
+    def no_servers(ladder: Path, servers: set[str]) -> Iterator[dict[str, str]]:
+        yield {name: "http://127.0.0.1:9" for name in servers}
+
+    monkeypatch.setattr(sweep, "_servers", no_servers)
+    base = SweepConfig(
+        ladder=ladder_dir,
+        out=tmp_path / "one-go",
+        deadlines_ms=(5.0, 20.0),
+        rates=(100.0,),
+        policies=("auto", "static"),
+        repeats=2,
+        requests=20,
+        warmup_s=0.0,
+        progress=False,
+    )
+    split = fmnist.split("test")
+
+    def figures(result: SweepResult) -> dict[tuple[str, float, float, int], dict[str, Any]]:
+        return {(c.spec.label, c.rate, c.deadline_ms, c.repeat): c.metrics for c in result.cells}
+
+    calls: list[LoadConfig] = []
+    monkeypatch.setattr(sweep, "run_load", _deterministic_run_load(calls))
+    whole = run_sweep(replace(base), split)
+    assert len(calls) == len(whole.cells) == 8 and whole.resumed_cells == 0
+
+    config = replace(base, out=tmp_path / "stopped")
+    calls.clear()
+    monkeypatch.setattr(sweep, "run_load", _deterministic_run_load(calls, stop_at=3))
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(replace(config), split)
+    assert len(list((config.out / "records").glob("*.jsonl"))) == 3
+    assert not json.loads((config.out / JOURNAL).read_text())["complete"]
+
+    with pytest.raises(ResumeError, match=r"\(deadlines_ms differ\)"):
+        run_sweep(replace(config, deadlines_ms=(5.0,)), split, resume=True)
+    with pytest.raises(ResumeError, match="nothing to resume"):
+        run_sweep(replace(config, out=tmp_path / "empty"), split, resume=True)
+
+    calls.clear()
+    monkeypatch.setattr(sweep, "run_load", _deterministic_run_load(calls))
+    resumed = run_sweep(replace(config), split, resume=True)
+    assert len(calls) == 5 and resumed.resumed_cells == 3
+    assert figures(resumed) == figures(whole)
+    assert json.loads((config.out / JOURNAL).read_text())["complete"]
+    report = save_sweep(resumed).read_text()
+    assert "Resumed: 3 of the 8 cells were run by an earlier, stopped run" in report
+    assert json.loads((config.out / "sweep.json").read_text())["resumed_cells"] == 3
+
+    calls.clear()  # without --resume: a new sweep, none of the old cells mixed in
+    again = run_sweep(replace(config), split)
+    assert len(calls) == 8 and again.resumed_cells == 0
+
+
+def test_sweep_resume_of_a_folder_without_a_sweep_is_one_line(
+    ladder_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "never-swept"
+    assert main(["sweep", "--ladder", str(ladder_dir), "--resume", "--out", str(out)]) == 2
+    assert "nothing to resume in" in capsys.readouterr().err
