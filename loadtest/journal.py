@@ -1,8 +1,9 @@
 """The sweep's journal: what a sweep keeps as it goes, so that one stopped part way (Ctrl-C, a kill, a lost
 shell) loses only the cell it was running, and `anytime sweep --resume` runs only the cells still missing.
 
-A full sweep of the default ladder takes over an hour on a 2-vCPU machine (72 minutes on 2026-11-27; one stopped
-unfinished after 94 on 2026-11-28, with nothing written: before the journal a sweep wrote only after its last cell). In `--out` it keeps `progress.json` (the settings, the ladder's
+A full sweep of the default ladder takes one to two hours on a 2-vCPU machine (72 and 107 minutes, 2026-11-27 and
+-28; one stopped unfinished after 94 had written nothing: before the journal, a sweep wrote only after its last
+cell). In `--out` it keeps `progress.json` (the settings, the ladder's
 digest, the rates and, once measured, the keep-up capacity behind them; the start time and the time spent so far)
 and one `records/<cell>.jsonl` per finished cell, each written to a temporary file and renamed, so a file that
 exists is whole. A resumed sweep reads the finished cells back (their figures are recomputed from the records, as
