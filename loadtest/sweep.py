@@ -350,7 +350,6 @@ def run_sweep(config: SweepConfig, split: Split, resume: bool = False) -> SweepR
     images = np.concatenate([image_order(len(split), config.seed + k)[:per_repeat] for k in range(config.repeats)])
     answers = plan_answers(config.ladder, ladder, split, images)
     oracle, sample = oracle_bound(answers, config.deadlines_ms), sample_luck(ladder, answers)
-    cells: list[Cell] = []
     capacity: list[Capacity] = []
     load_capacity = journal.load_capacity()
     rates = config.rates or journal.rates()
@@ -378,10 +377,10 @@ def run_sweep(config: SweepConfig, split: Split, resume: bool = False) -> SweepR
                 todo.append(cell)
             else:
                 cell.records, cell.metrics = kept, summarize(kept)
-        for cell in tqdm(todo, desc="sweep", unit="cell", disable=not config.progress, initial=len(grid) - len(todo)):
+        done = len(grid) - len(todo)  # the bar counts the resumed cells as done
+        for cell in tqdm(todo, "sweep", len(grid), unit="cell", disable=not config.progress, initial=done):
             cell.records, cell.metrics = runner.run(cell.spec, cell.rate, cell.deadline_ms, repeat=cell.repeat)
             journal.add(_cell_name(cell), cell.records, time.perf_counter() - t0)
-        cells = grid
         kept_capacity = journal.capacity()
         if config.capacity and kept_capacity is not None:
             capacity = kept_capacity
@@ -397,7 +396,7 @@ def run_sweep(config: SweepConfig, split: Split, resume: bool = False) -> SweepR
         machine_info(ladder),
         journal.started,
         journal.wall_before + time.perf_counter() - t0,
-        cells,
+        grid,
         oracle,
         capacity,
         load_capacity,
