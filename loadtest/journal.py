@@ -35,7 +35,7 @@ class ResumeError(ValueError):
 
 def settings(config: SweepConfig) -> dict[str, Any]:
     """What a resumed sweep must share with the one it continues: every measuring setting and the ladder's bytes."""
-    plain = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items() if k not in NOT_SETTINGS}
+    plain = {k: v for k, v in config.plain().items() if k not in NOT_SETTINGS}
     plain["ladder_sha256"] = hashlib.sha256((Path(config.ladder) / "ladder.json").read_bytes()).hexdigest()
     return json.loads(json.dumps(plain))  # tuples as lists, as they come back from the file
 
@@ -63,19 +63,17 @@ class Journal:
                     "it with the options it started with, or leave out --resume to start over"
                 )
         else:
-            self.records.mkdir(parents=True, exist_ok=True)
+            self.records.mkdir(parents=True, exist_ok=True)  # and --out
             for old in self.records.glob("*.jsonl"):  # an earlier sweep's cells: never mixed into this one's
                 old.unlink()
             started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             self.state = {"settings": wanted, "started": started, "wall_s": 0.0, "rates": None}
             self.state |= {"load_capacity": None, "capacity": None, "complete": False}
             self._save()
-        self.records.mkdir(parents=True, exist_ok=True)
+        self.records.mkdir(exist_ok=True)  # a resumed sweep stopped before its first cell has none
         self.wall_before = float(self.state["wall_s"])  # spent by the runs before this one
-        self.resumed_cells = 0
 
     def _save(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.path, json.dumps(self.state, indent=2))
 
     @property
@@ -101,10 +99,7 @@ class Journal:
     def finished(self, cell: str) -> list[Record] | None:
         """The records of a cell an earlier run finished, or None."""
         path = self.records / f"{cell}.jsonl"
-        if not path.is_file():
-            return None
-        self.resumed_cells += 1
-        return read_records(path)
+        return read_records(path) if path.is_file() else None
 
     def add(self, cell: str, records: list[Record], wall_s: float) -> None:
         """A cell just finished; `wall_s`: this run's time so far."""

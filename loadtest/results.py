@@ -6,7 +6,7 @@ Shared by the sweep that runs them (loadtest/sweep.py) and the report that rende
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,10 @@ class SweepConfig:
     capacity_deadline_ms: float = 10.0
     capacity_start: float = 25.0
     progress: bool = True
+
+    def plain(self) -> dict[str, Any]:
+        """The settings as JSON values (paths as strings), for sweep.json and the journal."""
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
 
 @dataclass

@@ -377,16 +377,15 @@ def run_sweep(config: SweepConfig, split: Split, resume: bool = False) -> SweepR
                 todo.append(cell)
             else:
                 cell.records, cell.metrics = kept, summarize(kept)
-        done = len(grid) - len(todo)  # the bar counts the resumed cells as done
-        for cell in tqdm(todo, "sweep", len(grid), unit="cell", disable=not config.progress, initial=done):
+        resumed = len(grid) - len(todo)  # the bar counts them as done
+        for cell in tqdm(todo, "sweep", len(grid), unit="cell", disable=not config.progress, initial=resumed):
             cell.records, cell.metrics = runner.run(cell.spec, cell.rate, cell.deadline_ms, repeat=cell.repeat)
             journal.add(_cell_name(cell), cell.records, time.perf_counter() - t0)
-        kept_capacity = journal.capacity()
-        if config.capacity and kept_capacity is not None:
-            capacity = kept_capacity
-        elif config.capacity:
-            for spec in tqdm(specs, desc="capacity", unit="policy", disable=not config.progress):
-                capacity.append(_search_capacity(runner, spec, config))
+        if config.capacity:
+            capacity = journal.capacity() or [
+                _search_capacity(runner, spec, config)
+                for spec in tqdm(specs, desc="capacity", unit="policy", disable=not config.progress)
+            ]
     journal.done(capacity, time.perf_counter() - t0)
     config.rates = rates
     return SweepResult(
@@ -401,7 +400,7 @@ def run_sweep(config: SweepConfig, split: Split, resume: bool = False) -> SweepR
         capacity,
         load_capacity,
         sample,
-        journal.resumed_cells,
+        resumed,
     )
 
 
@@ -435,7 +434,7 @@ def save_sweep(result: SweepResult) -> Path:
     report.md's path."""
     out = result.config.out  # the cells' records are already there: the journal wrote each as it finished
     data = {
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(result.config).items()},
+        "config": result.config.plain(),
         "machine": result.machine,
         "started": result.started,
         "wall_s": result.wall_s,
