@@ -61,6 +61,11 @@ class Settings(BaseSettings):
         description="auto keeps the average engine time of its choices within this share of a core per second "
         "of arrivals (service/load.py); 0: auto ignores the load",
     )
+    auto_load_restraint: bool = Field(
+        True,
+        description="auto divides its load budget by a factor that its late answers and its requests refused for "
+        "the queue ahead raise and on-time answers lower (service/load.py); off: the rate's budget alone",
+    )
     auto_tie_se: float = Field(
         1.0,
         ge=0,

@@ -15,6 +15,18 @@ waits grow as 1 / (1 - utilization): near 1 they explode, so the rule stays belo
 
 The arrival rate is an exponentially decayed count of requests (time constant `tau_s`): each arrival adds
 1 / tau, and the sum decays by e^(-dt / tau); under steady arrivals it equals their rate.
+
+A core of engine time is what the worker could use on an otherwise idle machine; it never gets that. On the 2-vCPU
+machines here the HTTP front door, the decoding and the load generator share the cores, and the sweep of 2026-11-28
+(morning, docs/measurements.md) found `auto` at 600 req/s and 5 ms choosing MobileNetV2 FP32 (0.40 ms typical, well
+within the rate's 1.17 ms) for most requests, queueing behind it, and refusing 487 of 1,800 requests as infeasible
+(27 %) where fixed ResNet exit 1 INT8 (0.25 ms) refused 152: 55 % on time against 84 %. So the budget has its own
+feedback (`restraint`, the AIMD controller of service/caution.py): it is divided by a factor that grows with each
+answer of `auto` late or expired in the queue (as caution counts them) and each request of `auto` refused because
+of the queue ahead of it (it would have fitted an empty one), and shrinks with each on-time answer, so that about
+1 % of `auto`'s requests end so at equilibrium. Where even the cheapest option loses more than that, the factor
+stays at its ceiling and the cheapest option that fits the deadline answers; at low load the rate's budget is so
+wide that the factor changes nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+
+from service.caution import Caution
 
 
 class ArrivalRate:
@@ -49,15 +63,30 @@ class ArrivalRate:
 
 class Budget:
     """The engine time `auto` may spend on one request: `utilization` seconds of engine per second of wall
-    time, shared among the requests arriving meanwhile."""
+    time, shared among the requests arriving meanwhile, divided by the restraint's factor (None: by 1)."""
 
-    def __init__(self, utilization: float = 0.7, rate: ArrivalRate | None = None) -> None:
+    def __init__(
+        self, utilization: float = 0.7, rate: ArrivalRate | None = None, restraint: Caution | None = None
+    ) -> None:
         if not 0.0 < utilization <= 4.0:
             raise ValueError("utilization must be in (0, 4]")
         self.utilization = utilization
         self.rate = rate or ArrivalRate()
+        self.restraint = restraint
 
     def ms(self, now: float | None = None) -> float:
         """ms of engine time per request now (infinite while no request has arrived)."""
         per_s = self.rate.per_second(now)
-        return math.inf if per_s <= 0.0 else self.utilization / per_s * 1e3
+        if per_s <= 0.0:
+            return math.inf
+        return self.utilization / per_s * 1e3 / (self.restraint.factor if self.restraint is not None else 1.0)
+
+    def answered(self, slack_ms: float) -> None:
+        """An answer of auto, ready `slack_ms` before its deadline (-inf: it expired in the queue)."""
+        if self.restraint is not None:
+            self.restraint.answered(slack_ms)
+
+    def refused_for_the_queue(self) -> None:
+        """A request of auto refused as infeasible that an empty queue would have let through."""
+        if self.restraint is not None:
+            self.restraint.observe(True)

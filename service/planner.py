@@ -224,8 +224,11 @@ class Planner:
     def observe(self, plan: Plan, slack_ms: float) -> None:
         """An answer planned by `plan` was ready `slack_ms` before its deadline (negative: after it; -inf: it
         expired before it could run)."""
-        if plan.policy is Policy.AUTO and self.caution is not None:
-            self.caution.answered(slack_ms)
+        if plan.policy is Policy.AUTO:
+            if self.caution is not None:
+                self.caution.answered(slack_ms)
+            if self.budget is not None:
+                self.budget.answered(slack_ms)
 
     def _table(self) -> Kept:
         """The options' predicted steps (`_steps`), auto's choices and their bounds (`_best_within`) for the
@@ -357,16 +360,18 @@ class Planner:
         longer than the quickest at its p99: a caution that lets the quickest through cannot tell them from it.
         Without this, a caution that left only the quickest first step answered with it, and a greater one, leaving
         nothing, with the more accurate quick step: more caution, a more accurate answer. Where the step fits under
-        caution, it was weighed with the rest (_best_within) and the choice stands."""
+        caution, it was weighed with the rest (_best_within) and the choice stands. Where it costs more than the load
+        leaves a request, it does not answer: with nothing left under caution, the fastest plan does. Before, it
+        answered there whatever the load (the sweep of 2026-11-28: MobileNetV2 FP32, within ResNet exit 1 INT8's p99,
+        for most of `auto`'s requests at 400-600 req/s and 5 ms, with caution at its ceiling)."""
         quick = self._quick_and_accurate()
-        if quick is None or quick is chosen:
-            return chosen
+        if quick is None or quick is chosen or self.cost(quick) > cap_ms:
+            return chosen  # None: the fastest plan, or a refusal (plan)
         if chosen is not None:
             depth = max(1, self.depth_within(chosen, cautious_ms))  # >= 1 when _best_within chose it
             if (
                 chosen.accuracy_by_depth[depth - 1] >= quick.accuracy_by_depth[0]
                 or self.depth_within(quick, cautious_ms) > 0
-                or self.cost(quick) > cap_ms
             ):
                 return chosen
         if self.predictor.predict(quick.engines[0]) > budget_ms:
@@ -421,6 +426,8 @@ class Planner:
             return fastest
         if self.in_flight() == 0 and self.predictor.forget_if_starved():  # refusals, next to no runs: the profiles
             return self.plan(policy, time_left_ms, wait_ms, on_infeasible, rung)
+        if policy is Policy.AUTO and self.budget is not None and first_ms + self.margin_ms <= time_left_ms:
+            self.budget.refused_for_the_queue()  # the queue ahead, not the deadline, left no plan: load restraint
         if on_infeasible is OnInfeasible.BEST_EFFORT:
             fastest.feasible = False
             return fastest

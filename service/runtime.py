@@ -54,7 +54,10 @@ class Runtime:
         }
         self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
         caution = Caution(slack_ms=settings.auto_caution_slack_ms) if settings.auto_caution else None
-        budget = Budget(settings.auto_utilization) if settings.auto_utilization > 0 else None
+        budget = None
+        if settings.auto_utilization > 0:
+            restraint = Caution(slack_ms=settings.auto_caution_slack_ms) if settings.auto_load_restraint else None
+            budget = Budget(settings.auto_utilization, restraint=restraint)
         self.planner = Planner(
             self.ladder,
             self.predictor,

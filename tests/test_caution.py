@@ -100,6 +100,14 @@ def test_where_caution_leaves_no_option_the_most_accurate_quick_first_step_answe
     assert wary(True).plan(Policy.AUTO, 2.07, 0.0, OnInfeasible.REJECT).name == "quick"
     with pytest.raises(DeadlineInfeasible):
         wary(True).plan(Policy.AUTO, 2.0, 0.0, OnInfeasible.REJECT)  # refusals stay on the bare predictions
+    # Under load: the members' first step costs more than the load leaves a request (700 a second: 1 ms; members
+    # 1.4, quick 0.95), so the quickest answers where nothing fits under caution, as without the quick fallback.
+    loaded = wary(True)
+    loaded.budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0))
+    loaded.budget.rate._rate, loaded.budget.rate._at = 0.0, time.monotonic()
+    for _ in range(700):  # within microseconds
+        loaded.budget.rate.arrive()
+    assert loaded.plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "quick"
 
 
 def test_a_caution_that_lets_only_the_quickest_through_gets_the_accurate_quick_step_too() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from engines.base import Backend, EngineBase, Precision
 from engines.manifest import Artifact, Cascade, Ladder, LatencyProfile, MemberCascade, Rung, Stage, pack_right
+from service.caution import Caution
 from service.errors import (
     DeadlineExpired,
     DeadlineInfeasible,
@@ -700,6 +701,41 @@ def test_auto_under_load_keeps_to_what_the_arrival_rate_leaves_a_request() -> No
     assert planner.plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "members"
     with pytest.raises(DeadlineInfeasible):
         planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)
+
+
+def test_auto_s_load_budget_shrinks_after_late_answers_and_queue_refusals_and_widens_with_on_time_ones() -> None:
+    """The budget's restraint (service/load.py): at 100 req/s the budget (7 ms) lets the member cascade (1.4) answer;
+    auto's late answers divide it (step 1.0: x2 each) until only fast (1.0) is within it, and on-time answers widen
+    it again. A request refused because of the queue ahead counts as a late answer; one refused because its deadline
+    alone is too short does not, nor do other policies' answers."""
+    ladder = _auto_ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+    restraint = Caution(step=1.0)
+    budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0), restraint=restraint)
+    planner = Planner(ladder, predictor, margin_ms=1.0, budget=budget)
+    budget.rate._rate, budget.rate._at = 0.0, time.monotonic()
+    for _ in range(100):  # within microseconds: 100 a second, 7 ms a request
+        budget.rate.arrive()
+
+    def auto() -> str:
+        return planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name
+
+    assert auto() == "members"
+    late = Plan(Policy.AUTO, "members", ["m1", "m2"], [0.5], kind=PlanKind.MEMBERS)
+    planner.observe(Plan(Policy.FIXED, "slow", ["slow"]), -5.0)  # not auto's: no restraint
+    assert restraint.factor == 1.0
+    planner.observe(late, -0.2)
+    planner.observe(late, -math.inf)  # expired in the queue
+    assert restraint.factor == pytest.approx(4.0) and auto() == "members"  # 1.75 ms a request: 1.4 is within it
+    with pytest.raises(DeadlineInfeasible):
+        planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)  # fast's 1.1 ms + margin 1.0: the deadline's fault
+    assert restraint.factor == pytest.approx(4.0)
+    with pytest.raises(DeadlineInfeasible):
+        planner.plan(Policy.AUTO, 2.5, 5.0, OnInfeasible.REJECT)  # 2.1 ms would fit without the 5 ms queue
+    assert restraint.factor == pytest.approx(8.0) and auto() == "fast"  # 0.875 ms: the cheapest answers
+    for _ in range(100):  # each on-time answer divides the factor by 2 ** (1 / 99)
+        planner.observe(late, 5.0)
+    assert restraint.factor == pytest.approx(8.0 / 2 ** (100 / 99)) and auto() == "members"
 
 
 def test_an_option_s_cost_counts_every_step_without_recorded_shares_and_a_cost_at_the_cap_is_within_it() -> None:
