@@ -240,17 +240,24 @@ class Planner:
         return kept
 
     def _steps(self, option: Option, table: dict[str, Steps]) -> Steps:
-        """The option's Steps, from `table` or worked out into it: each step at its predicted p99, its cost its typical
-        time (ms of engine time) weighted by how often the step runs. Options that share an engine share its
-        prediction."""
+        """The option's Steps, from `table` or worked out into it: each step ends at its predicted p99; its cost is its
+        engine's median in the build's profile (ms of engine time on an idle machine) weighted by how often the step
+        runs. Options that share an engine share its prediction.
+
+        The costs rank the options against each other and against the load's budget, whose restraint (service/load.py)
+        learns how far the machine's contention stretches them. They used to be the online predictions' typical times:
+        an engine that runs under load has estimates of its own, the others the pooled slowdown applied to their
+        profiles, which a fast engine's fixed-length stalls exceed. So whichever cheap option `auto` used looked dearer
+        than the ones it had not used lately, and its choice moved among them: in the sweep of 2026-11-28 at 800 req/s
+        and 5 ms, `auto`'s answers came from five engines (runs that could not share a batch), and its effective
+        accuracy was 29.5 %, against 61.6 % for fixed ResNet exit 1 INT8 alone."""
         steps = table.get(option.name)
         if steps is None:
             predictor = self.predictor
             ends, costs, elapsed, cost = [], [], 0.0, 0.0
             for reach, engine in zip(option.reach, option.engines, strict=True):
-                t = predictor.predict(engine)
-                elapsed += t
-                cost += reach * t * predictor.typical_share(engine)
+                elapsed += predictor.predict(engine)
+                cost += reach * predictor.profiled_p50(engine)
                 ends.append(elapsed)
                 costs.append(cost)
             steps = table[option.name] = (ends, costs)
@@ -379,7 +386,9 @@ class Planner:
         return quick
 
     def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
-        """The quickest plan this policy allows and its predicted time to a first answer (ms)."""
+        """The quickest plan this policy allows (its first step's median in the build's profile) and its predicted time
+        to a first answer (ms). Chosen on the profiles for the reason _steps costs on them: on the online predictions
+        the choice moved to whichever first step `auto` had not run lately."""
         if policy is Policy.FIXED:
             option = self._named(rung)
         else:
@@ -387,7 +396,7 @@ class Planner:
             usable = self._usable(pool)
             if not usable:
                 raise OutOfService(f"no {policy} plan is in service: its engines failed")
-            option = min(usable, key=lambda o: self.predictor.predict(o.engines[0]))
+            option = min(usable, key=lambda o: self.predictor.profiled_p50(o.engines[0]))
         return option.plan(policy), self.predictor.predict(option.engines[0])
 
     def plan(

@@ -110,6 +110,20 @@ def test_where_caution_leaves_no_option_the_most_accurate_quick_first_step_answe
     assert loaded.plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "quick"
 
 
+def test_the_fastest_plan_is_chosen_on_the_profiles_not_on_online_estimates() -> None:
+    """quick (p50 0.95 ms) is the quickest first step in the build's profile; its own recent runs were slow (an
+    estimate of 50 ms) while the other engines, not run lately, keep their profiles: quick is still the fastest plan
+    (the choice does not flip between engines with the estimates), planned with its own predicted time."""
+    ladder = _auto_ladder()
+    ladder.rungs.append(_record(Rung, "quick", 0.95, kind="exit", exit=1, val_accuracy=0.70, test_accuracy=0.7))
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+    planner = Planner(ladder, predictor, margin_ms=1.0)
+    assert planner.fastest(Policy.AUTO)[0].name == "quick"
+    predictor._p90[("quick", 1)] = (time.monotonic(), 50.0)
+    plan, first_ms = planner.fastest(Policy.AUTO)
+    assert plan.name == "quick" and first_ms == pytest.approx(predictor.predict("quick")) and first_ms > 50.0
+
+
 def test_a_caution_that_lets_only_the_quickest_through_gets_the_accurate_quick_step_too() -> None:
     # The ladder above: quick (p99 1.045 ms, val 0.70), fast and m1 (p99 1.1; val 0.80 and 0.82). At factor 2 with
     # 3.1 ms left and a 1 ms margin, quick fits under caution (2 x 1.045 <= 2.1) and nothing else does (2 x 1.1).

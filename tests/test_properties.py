@@ -222,7 +222,7 @@ def _weighed_afresh(planner: Planner, budget: float, cap: float) -> str | None:
             if elapsed > budget:
                 break
             depth += 1
-            cost += reach * t * planner.predictor.typical_share(engine)
+            cost += reach * planner.predictor.profiled_p50(engine)
         if depth and cost > cap:
             cheapest, least = (option, cost) if cost < least else (cheapest, least)
         elif depth:

@@ -703,6 +703,26 @@ def test_auto_under_load_keeps_to_what_the_arrival_rate_leaves_a_request() -> No
         planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)
 
 
+def test_auto_s_costs_are_the_profiles_so_the_option_it_runs_is_not_priced_above_those_it_does_not() -> None:
+    """At 600 req/s (1.17 ms a request) only fast (profile 1.0 ms) is within the budget. Its own runs under load
+    estimate it at 3 ms (p90) while m1 and m2, not run, keep their profiles: priced on those estimates it cost more
+    than the member cascade (1.4) and the member cascade answered, until its own runs made it the dearer one.
+    On the profiles fast stays the option within the budget; the estimate still rules whether it fits the deadline."""
+    ladder = _auto_ladder()
+    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
+    predictor._p90[("fast", 1)] = (time.monotonic(), 3.0)
+    budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0))
+    planner = Planner(ladder, predictor, margin_ms=1.0, budget=budget)
+    budget.rate._rate, budget.rate._at = 0.0, time.monotonic()
+    for _ in range(600):  # within microseconds: 600 a second
+        budget.rate.arrive()
+    assert planner.cost(planner.options["fast"]) == pytest.approx(1.0)
+    assert planner.cost(planner.options["members"]) == pytest.approx(1.4)
+    assert predictor.predict("fast") > 3.0
+    assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "fast"
+    assert planner.plan(Policy.AUTO, 3.5, 0.0, OnInfeasible.REJECT).name == "members"  # fast's 3+ ms do not fit
+
+
 def test_auto_s_load_budget_shrinks_after_late_answers_and_queue_refusals_and_widens_with_on_time_ones() -> None:
     """The budget's restraint (service/load.py): at 100 req/s the budget (7 ms) lets the member cascade (1.4) answer;
     auto's late answers divide it (step 1.0: x2 each) until only fast (1.0) is within it, and on-time answers widen
