@@ -6,8 +6,8 @@ requests a second asks for a whole core and more, the queue grows, and the reque
 deadlines (the sweep of 2026-11-24: `auto` fell 10-48 pp below the best fixed plan at 250-500 req/s, with
 10-50 % of its answers late, while the cheap stage cascade kept up).
 
-So `auto` also weighs what an option costs on average (its steps' typical times, each weighted by how often
-the step runs: a cascade mostly stops after its first model) against a budget per request: the share of one
+So `auto` also weighs what an option costs on average (its steps' medians in the build's profile, each weighted by
+how often the step runs: a cascade mostly stops after its first model) against a budget per request: the share of one
 engine core it may use (`utilization`) divided by the arrival rate. At 100 req/s and 0.7 the budget is 7 ms
 a request, which every option meets; at 700 req/s it is 1 ms, and the dear options drop out. When none is
 within the budget, the cheapest option that fits the deadline answers (utilization queueing theory says

@@ -265,7 +265,8 @@ class Planner:
 
     def steps_within(self, option: Option, budget_ms: float) -> tuple[int, float]:
         """How many of the option's steps fit in `budget_ms` (each at its predicted p99), and what those steps cost
-        a request on average (ms of engine time: each step's typical time, weighted by how often the step runs)."""
+        a request on average (ms of engine time: each step's median in the build's profile, weighted by how often the
+        step runs)."""
         ends, costs = self._steps(option, self._table()[1])
         depth = bisect_right(ends, budget_ms)
         return depth, costs[depth - 1] if depth else 0.0

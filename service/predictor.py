@@ -69,7 +69,6 @@ class LatencyPredictor:
         self._lock = threading.Lock()
         self._tables = {"p50": self._prior_p50, "p90": self._prior_p90, "p99": self._prior}
         self._interpolated: dict[tuple[str, str, int], float] = {}
-        self._typical_share: dict[tuple[str, int], float] = {}
         self._version = 0  # bumped whenever a prediction may have changed (see `version`)
         self._stale_at = float("inf")  # when the next estimate goes stale (HORIZON_S after it was computed)
 
@@ -116,14 +115,6 @@ class LatencyPredictor:
         if self._slowdown is not None:
             stamps.append(self._slowdown[0])
         self._stale_at = min((t + HORIZON_S for t in stamps if t + HORIZON_S >= now), default=float("inf"))
-
-    def typical_share(self, engine: str, batch: int = 1) -> float:
-        """The profile's p50 / p99: what turns a predicted p99 into the engine's typical (median) time now."""
-        key = (engine, batch)
-        share = self._typical_share.get(key)
-        if share is None:
-            share = self._typical_share[key] = self.prior(engine, batch, "p50") / max(self.prior(engine, batch), 1e-6)
-        return share
 
     def profiled_p50(self, engine: str, batch: int = 1) -> float:
         """The builder's median, measured on an otherwise idle machine: what the engine itself costs."""

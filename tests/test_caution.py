@@ -24,7 +24,7 @@ from service.load import ArrivalRate, Budget
 from service.planner import OnInfeasible, Plan, PlanKind, Planner, Policy
 from service.predictor import LatencyPredictor
 from service.scheduler import Job
-from tests.test_scheduler import _auto_ladder, _job, _record, _setup
+from tests.test_scheduler import _arrivals, _auto_ladder, _job, _record, _setup
 
 
 def test_caution_rises_on_late_answers_and_falls_back_to_one_on_time() -> None:
@@ -104,9 +104,7 @@ def test_where_caution_leaves_no_option_the_most_accurate_quick_first_step_answe
     # 1.4, quick 0.95), so the quickest answers where nothing fits under caution, as without the quick fallback.
     loaded = wary(True)
     loaded.budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0))
-    loaded.budget.rate._rate, loaded.budget.rate._at = 0.0, time.monotonic()
-    for _ in range(700):  # within microseconds
-        loaded.budget.rate.arrive()
+    _arrivals(loaded.budget, 700)
     assert loaded.plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "quick"
 
 
@@ -150,9 +148,7 @@ def test_a_caution_that_lets_only_the_quickest_through_gets_the_accurate_quick_s
     # The load leaves a request less than m1 costs: the cheapest option answers, as without the rule.
     loaded = doubled(True)
     loaded.budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0))
-    loaded.budget.rate._rate, loaded.budget.rate._at = 0.0, time.monotonic()
-    for _ in range(700):  # within microseconds: 700 a second, 1 ms a request (members costs 1.4, quick 0.95)
-        loaded.budget.rate.arrive()
+    _arrivals(loaded.budget, 700)  # 1 ms a request (members costs 1.4, quick 0.95)
     assert loaded.plan(Policy.AUTO, 3.1, 0.0, OnInfeasible.REJECT).name == "quick"
 
 

@@ -672,6 +672,13 @@ def test_arrival_rate_follows_steady_arrivals_and_decays_when_they_stop() -> Non
     assert Budget(0.5).ms() == math.inf  # nothing arrived yet: no limit
 
 
+def _arrivals(budget: Budget, per_s: float) -> None:
+    """`per_s` arrivals within microseconds (the decay is negligible): the budget's rate reads `per_s` a second."""
+    budget.rate._rate, budget.rate._at = 0.0, time.monotonic()
+    for _ in range(round(per_s)):
+        budget.rate.arrive()
+
+
 def test_auto_under_load_keeps_to_what_the_arrival_rate_leaves_a_request() -> None:
     """Average costs (p50 1.0 ms each, see _record): fast 1.0; members m1 + 0.4 x m2 (60 % stop after m1) =
     1.4; slow 20; the stage cascade 60 (its val shares say every image runs all three stages)."""
@@ -682,22 +689,17 @@ def test_auto_under_load_keeps_to_what_the_arrival_rate_leaves_a_request() -> No
     assert planner.cost(planner.options["members"]) == pytest.approx(1.4)
     assert planner.cost(planner.options["cascade"]) == pytest.approx(60.0)
 
-    def arrivals(per_s: float) -> None:  # within microseconds: the decay is negligible
-        budget.rate._rate, budget.rate._at = 0.0, time.monotonic()
-        for _ in range(round(per_s)):
-            budget.rate.arrive()
-
     assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "cascade"  # idle: as before
-    arrivals(10)  # 70 ms a request
+    _arrivals(budget, 10)  # 70 ms a request
     assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "cascade"
-    arrivals(100)  # 7 ms: the cascade (60) and slow (20) cost too much; the member cascade (1.4) does not
+    _arrivals(budget, 100)  # 7 ms: the cascade (60) and slow (20) cost too much; the member cascade (1.4) does not
     assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "members"
-    arrivals(600)  # 1.17 ms: only fast
+    _arrivals(budget, 600)  # 1.17 ms: only fast
     assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "fast"
-    arrivals(2000)  # 0.35 ms: nothing is within it; the cheapest option that fits answers
+    _arrivals(budget, 2000)  # 0.35 ms: nothing is within it; the cheapest option that fits answers
     assert planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name == "fast"
     # The deadline still rules: with 2.2 ms left only the one-step options fit (as without a budget).
-    arrivals(100)
+    _arrivals(budget, 100)
     assert planner.plan(Policy.AUTO, 2.2, 0.0, OnInfeasible.REJECT).name == "members"
     with pytest.raises(DeadlineInfeasible):
         planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)
@@ -713,9 +715,7 @@ def test_auto_s_costs_are_the_profiles_so_the_option_it_runs_is_not_priced_above
     predictor._p90[("fast", 1)] = (time.monotonic(), 3.0)
     budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0))
     planner = Planner(ladder, predictor, margin_ms=1.0, budget=budget)
-    budget.rate._rate, budget.rate._at = 0.0, time.monotonic()
-    for _ in range(600):  # within microseconds: 600 a second
-        budget.rate.arrive()
+    _arrivals(budget, 600)
     assert planner.cost(planner.options["fast"]) == pytest.approx(1.0)
     assert planner.cost(planner.options["members"]) == pytest.approx(1.4)
     assert predictor.predict("fast") > 3.0
@@ -733,9 +733,7 @@ def test_auto_s_load_budget_shrinks_after_late_answers_and_queue_refusals_and_wi
     restraint = Caution(step=1.0)
     budget = Budget(utilization=0.7, rate=ArrivalRate(tau_s=1.0), restraint=restraint)
     planner = Planner(ladder, predictor, margin_ms=1.0, budget=budget)
-    budget.rate._rate, budget.rate._at = 0.0, time.monotonic()
-    for _ in range(100):  # within microseconds: 100 a second, 7 ms a request
-        budget.rate.arrive()
+    _arrivals(budget, 100)  # 7 ms a request
 
     def auto() -> str:
         return planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name
