@@ -249,7 +249,7 @@ class Planner:
         an engine that runs under load has estimates of its own, the others the pooled slowdown applied to their
         profiles, which a fast engine's fixed-length stalls exceed. So whichever cheap option `auto` used looked dearer
         than the ones it had not used lately, and its choice moved among them: in the sweep of 2026-11-28 at 800 req/s
-        and 5 ms, `auto`'s answers came from five engines (runs that could not share a batch), and its effective
+        and 5 ms, `auto`'s answers came from seven plans (runs that could not share a batch), and its effective
         accuracy was 29.5 %, against 61.6 % for fixed ResNet exit 1 INT8 alone."""
         steps = table.get(option.name)
         if steps is None:
