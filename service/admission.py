@@ -40,8 +40,7 @@ def plan_for(runtime: Runtime, options: ClassifyOptions, arrival: float, where: 
 
     def plan() -> Plan:
         time_left = (deadline - time.monotonic()) * 1e3 - path.ms  # e.g. decode, hand-offs
-        planner = runtime.planner
-        return planner.plan(options.policy, time_left, wait, options.on_infeasible, options.rung, options.deadline_ms)
+        return runtime.planner.plan(options.policy, time_left, wait, options.on_infeasible, options.rung)
 
     try:
         return plan()

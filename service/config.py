@@ -54,12 +54,6 @@ class Settings(BaseSettings):
         "the server's clock (sending, the client reading) can still make it late at the client; 0: only answers "
         "late at the server count",
     )
-    auto_caution_by_deadline: bool = Field(
-        True,
-        description="auto keeps its caution and its load restraint per band of deadlines a factor of two wide ([2, 4) "
-        "ms, [4, 8) ms, ...): late answers to tight deadlines do not hold back loose ones (service/caution.py); off: "
-        "one for every request",
-    )
     auto_utilization: float = Field(
         0.7,
         ge=0,

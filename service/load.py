@@ -27,15 +27,6 @@ of the queue ahead of it (it would have fitted an empty one), and shrinks with e
 1 % of `auto`'s requests end so at equilibrium. Where even the cheapest option loses more than that, the factor
 stays at its ceiling and the cheapest option that fits the deadline answers; at low load the rate's budget is so
 wide that the factor changes nothing.
-
-As caution is, the restraint is kept per band of deadlines (service/caution.py's `ByDeadline`): a queue that makes
-3 ms requests late leaves a 10 ms request time to spare, and a server whose clients moved from 5 ms to 10 ms
-deadlines kept, with one factor for all, the restraint the 5 ms requests had raised for some 1,200 on-time answers.
-But the load is shared, and the engine time a loose request takes delays the tight ones behind it; so a request's
-budget is divided by the largest factor of its own band and the tighter bands active in the last second
-(`ByDeadline.strictest`). Measured side by side (2026-11-28, one-off script, 3 + 20 ms deadlines half and half, 200
-req/s, three runs of 8 s): with each band's own factor alone, the 20 ms requests took the MobileNetV2 -> VGG cascade
-and the 3 ms requests queued behind it, 70.2 % of them correct on time against 76.7 % with one factor for all.
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ import math
 import threading
 import time
 
-from service.caution import ByDeadline, Caution, for_deadline
+from service.caution import Caution
 
 
 class ArrivalRate:
@@ -72,14 +63,10 @@ class ArrivalRate:
 
 class Budget:
     """The engine time `auto` may spend on one request: `utilization` seconds of engine per second of wall
-    time, shared among the requests arriving meanwhile, divided by the restraint's factor for the request's deadline
-    (None: by 1)."""
+    time, shared among the requests arriving meanwhile, divided by the restraint's factor (None: by 1)."""
 
     def __init__(
-        self,
-        utilization: float = 0.7,
-        rate: ArrivalRate | None = None,
-        restraint: Caution | ByDeadline | None = None,
+        self, utilization: float = 0.7, rate: ArrivalRate | None = None, restraint: Caution | None = None
     ) -> None:
         if not 0.0 < utilization <= 4.0:
             raise ValueError("utilization must be in (0, 4]")
@@ -87,27 +74,19 @@ class Budget:
         self.rate = rate or ArrivalRate()
         self.restraint = restraint
 
-    def ms(self, now: float | None = None, deadline_ms: float = math.inf) -> float:
-        """ms of engine time per request with this deadline now (infinite while no request has arrived)."""
+    def ms(self, now: float | None = None) -> float:
+        """ms of engine time per request now (infinite while no request has arrived)."""
         per_s = self.rate.per_second(now)
         if per_s <= 0.0:
             return math.inf
-        restraint = self.restraint
-        if isinstance(restraint, ByDeadline):
-            factor = restraint.strictest(deadline_ms, now)
-        else:
-            factor = restraint.factor if restraint is not None else 1.0
-        return self.utilization / per_s * 1e3 / factor
+        return self.utilization / per_s * 1e3 / (self.restraint.factor if self.restraint is not None else 1.0)
 
-    def answered(self, slack_ms: float, deadline_ms: float = math.inf) -> None:
-        """An answer of auto to a request with this deadline, ready `slack_ms` before it (-inf: it expired in the
-        queue)."""
-        restraint = for_deadline(self.restraint, deadline_ms)
-        if restraint is not None:
-            restraint.answered(slack_ms)
+    def answered(self, slack_ms: float) -> None:
+        """An answer of auto, ready `slack_ms` before its deadline (-inf: it expired in the queue)."""
+        if self.restraint is not None:
+            self.restraint.answered(slack_ms)
 
-    def refused_for_the_queue(self, deadline_ms: float = math.inf) -> None:
-        """A request of auto with this deadline refused as infeasible that an empty queue would have let through."""
-        restraint = for_deadline(self.restraint, deadline_ms)
-        if restraint is not None:
-            restraint.observe(True)
+    def refused_for_the_queue(self) -> None:
+        """A request of auto refused as infeasible that an empty queue would have let through."""
+        if self.restraint is not None:
+            self.restraint.observe(True)

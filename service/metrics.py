@@ -57,10 +57,7 @@ class Metrics:
         )
         self.depth = Gauge("anytime_queue_depth", "Accepted requests not yet answered", registry=r)
         self.caution = Gauge(
-            "anytime_auto_caution",
-            "Factor on auto's predicted times, raised by its late answers, per band of deadlines (ms)",
-            ["deadlines"],
-            registry=r,
+            "anytime_auto_caution", "Factor on auto's predicted times, raised by its late answers", registry=r
         )
         self.in_flight = Gauge(
             "anytime_requests_in_flight", "Classify requests being served: body, plan, queue, run, answer", registry=r
@@ -69,10 +66,7 @@ class Metrics:
             "anytime_arrival_rate", "Classify requests per second, exponentially averaged (service/load.py)", registry=r
         )
         self.budget = Gauge(
-            "anytime_auto_budget_ms",
-            "Average engine time auto may give a request at the current rate, per band of deadlines (ms)",
-            ["deadlines"],
-            registry=r,
+            "anytime_auto_budget_ms", "Average engine time auto may give a request at the current rate", registry=r
         )
         self.path = Gauge(
             "anytime_path_ms",

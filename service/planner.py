@@ -8,16 +8,15 @@ it reaches within the steps that fit (`accuracy_by_depth`, measured on val by th
 
 Policies: `auto` (the default) takes, per request, the cheapest option whose accuracy within the time left
 is as good as the best's (within `tie_se` paired standard errors of val accuracy, `Ties`: the one-standard-error
-rule), its predictions inflated by the caution its late answers in the request's band of deadlines have built
-up (service/caution.py); where caution leaves no option, or only options less accurate than it, the most accurate of
-the quickest first steps (typically no slower than the quickest one at its p99);
+rule), its predictions inflated by the caution its late answers have built up (service/caution.py); where
+caution leaves no option, or only options less accurate than it, the most accurate of the quickest first steps
+(typically no slower than the quickest one at its p99);
 `static` the most accurate single rung that fits whole; `cascade` the most accurate stage cascade;
 `fixed` the option the request names. The others stay for baselines.
 """
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from engines.manifest import (
     unpack_right,
 )
 from models.compat import StrEnum
-from service.caution import ByDeadline, Caution, for_deadline
+from service.caution import Caution
 from service.errors import DeadlineInfeasible, OutOfService, UnknownRung
 from service.load import Budget
 from service.predictor import LatencyPredictor
@@ -78,9 +77,6 @@ class Plan:
     feasible: bool = True  # False: best-effort run of the fastest plan, the deadline cannot be met
     kind: PlanKind = PlanKind.RUNG
     members: list[str] = field(default_factory=list)  # a member cascade's rungs (its engines), an ensemble's
-    deadline_ms: float = (
-        math.inf
-    )  # the request's deadline: whose band's caution auto's answer moves (service/caution.py)
 
 
 @dataclass
@@ -97,9 +93,8 @@ class Option:
     reach: list[float] = field(default_factory=lambda: [1.0])  # how often step j runs (a cascade stops early)
     right_by_depth: list[str] = field(default_factory=list)  # val images answered right at each depth (packed)
 
-    def plan(self, policy: Policy, deadline_ms: float = math.inf) -> Plan:
-        engines, thresholds, members = list(self.engines), list(self.thresholds), list(self.members)
-        return Plan(policy, self.name, engines, thresholds, True, self.kind, members, deadline_ms)
+    def plan(self, policy: Policy) -> Plan:
+        return Plan(policy, self.name, list(self.engines), list(self.thresholds), True, self.kind, list(self.members))
 
 
 def _rung_option(r: Rung | Ensemble, include_dominated: bool) -> Option:
@@ -175,14 +170,14 @@ class Planner:
         predictor: LatencyPredictor,
         margin_ms: float,
         include_dominated: bool = False,
-        caution: Caution | ByDeadline | None = None,
+        caution: Caution | None = None,
         budget: Budget | None = None,
         tie_se: float = 0.0,
         quick_fallback: bool = True,
     ) -> None:
         self.predictor, self.margin_ms = predictor, margin_ms
         self.quick_fallback = quick_fallback  # False: where nothing fits under caution, the fastest first step
-        self.caution = caution  # None: auto plans on the bare predictions; ByDeadline: a caution per band of deadlines
+        self.caution = caution  # None: auto plans on the bare predictions
         self.budget = budget  # None: auto ignores the load (service/load.py)
         answers: list[Rung | Ensemble] = [*ladder.rungs, *ladder.ensembles]
         rungs = [_rung_option(r, include_dominated) for r in answers]
@@ -222,21 +217,18 @@ class Planner:
     def fits(self, engines: list[str], time_left_ms: float, wait_ms: float, factor: float = 1.0) -> bool:
         return factor * (wait_ms + sum(self.predictor.predict(e) for e in engines)) + self.margin_ms <= time_left_ms
 
-    def factor(self, policy: Policy, deadline_ms: float = math.inf) -> float:
-        """How far this policy's predictions for a request with this deadline are inflated now: auto's caution (its
-        band's), else 1."""
-        caution = for_deadline(self.caution, deadline_ms) if policy is Policy.AUTO else None
-        return caution.factor if caution is not None else 1.0
+    def factor(self, policy: Policy) -> float:
+        """How far this policy's predictions are inflated now: auto's caution, else 1."""
+        return self.caution.factor if policy is Policy.AUTO and self.caution is not None else 1.0
 
     def observe(self, plan: Plan, slack_ms: float) -> None:
         """An answer planned by `plan` was ready `slack_ms` before its deadline (negative: after it; -inf: it
         expired before it could run)."""
         if plan.policy is Policy.AUTO:
-            caution = for_deadline(self.caution, plan.deadline_ms)
-            if caution is not None:
-                caution.answered(slack_ms)
+            if self.caution is not None:
+                self.caution.answered(slack_ms)
             if self.budget is not None:
-                self.budget.answered(slack_ms, plan.deadline_ms)
+                self.budget.answered(slack_ms)
 
     def _table(self) -> Kept:
         """The options' predicted steps (`_steps`), auto's choices and their bounds (`_best_within`) for the
@@ -394,7 +386,7 @@ class Planner:
             return chosen  # None: the fastest plan, or a refusal (plan)
         return quick
 
-    def fastest(self, policy: Policy, rung: str | None = None, deadline_ms: float = math.inf) -> tuple[Plan, float]:
+    def fastest(self, policy: Policy, rung: str | None = None) -> tuple[Plan, float]:
         """The quickest plan this policy allows (its first step's median in the build's profile) and its predicted time
         to a first answer (ms). Chosen on the profiles for the reason _steps costs on them: on the online predictions
         the choice moved to whichever first step `auto` had not run lately."""
@@ -406,16 +398,10 @@ class Planner:
             if not usable:
                 raise OutOfService(f"no {policy} plan is in service: its engines failed")
             option = min(usable, key=lambda o: self.predictor.profiled_p50(o.engines[0]))
-        return option.plan(policy, deadline_ms), self.predictor.predict(option.engines[0])
+        return option.plan(policy), self.predictor.predict(option.engines[0])
 
     def plan(
-        self,
-        policy: Policy,
-        time_left_ms: float,
-        wait_ms: float,
-        on_infeasible: OnInfeasible,
-        rung: str | None = None,
-        deadline_ms: float | None = None,
+        self, policy: Policy, time_left_ms: float, wait_ms: float, on_infeasible: OnInfeasible, rung: str | None = None
     ) -> Plan:
         """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible). Before it refuses,
         the predictor drops estimates that the engines have all but stopped refreshing (far more requests refused on
@@ -427,36 +413,31 @@ class Planner:
         first step (_no_worse_than_quick), if its bare prediction fits. static: the most accurate rung that fits
         whole. cascade: the most accurate stage cascade that fits whole, else the one whose first stage is quickest
         (it stops early when time runs out). fixed: the named option, if its first step fits.
-
-        `deadline_ms`: the request's whole deadline (default: `time_left_ms`), whose band's caution and load restraint
-        auto plans with (service/caution.py); a re-plan of a queued request passes it, with less time left.
         """
-        deadline = time_left_ms if deadline_ms is None else deadline_ms
         budget = time_left_ms - wait_ms - self.margin_ms
         if policy is Policy.AUTO:
-            factor = self.factor(policy, deadline)
-            cautious = (time_left_ms - self.margin_ms) / factor - wait_ms  # factor x (wait + steps)
-            cap = self.budget.ms(deadline_ms=deadline) if self.budget is not None else float("inf")
+            cautious = (time_left_ms - self.margin_ms) / self.factor(policy) - wait_ms  # factor x (wait + steps)
+            cap = self.budget.ms() if self.budget is not None else float("inf")
             chosen = self._best_within(self._usable(self.auto), cautious, cap, remember=True)
             if self.quick_fallback:
                 chosen = self._no_worse_than_quick(chosen, cautious, budget, cap)
             if chosen is not None:
-                return chosen.plan(policy, deadline)
+                return chosen.plan(policy)
         elif policy is Policy.STATIC:
             for option in self._usable(self.static):
                 if self.depth_within(option, budget) == 1:
-                    return option.plan(policy, deadline)
+                    return option.plan(policy)
         elif policy is Policy.CASCADE:
             for option in self._usable(self.cascades):
                 if self.depth_within(option, budget) == len(option.engines):
-                    return option.plan(policy, deadline)
-        fastest, first_ms = self.fastest(policy, rung, deadline)
+                    return option.plan(policy)
+        fastest, first_ms = self.fastest(policy, rung)
         if first_ms <= budget:
             return fastest
         if self.in_flight() == 0 and self.predictor.forget_if_starved():  # refusals, next to no runs: the profiles
-            return self.plan(policy, time_left_ms, wait_ms, on_infeasible, rung, deadline)
+            return self.plan(policy, time_left_ms, wait_ms, on_infeasible, rung)
         if policy is Policy.AUTO and self.budget is not None and first_ms + self.margin_ms <= time_left_ms:
-            self.budget.refused_for_the_queue(deadline)  # the queue ahead, not the deadline, left no plan: restraint
+            self.budget.refused_for_the_queue()  # the queue ahead, not the deadline, left no plan: load restraint
         if on_infeasible is OnInfeasible.BEST_EFFORT:
             fastest.feasible = False
             return fastest
@@ -479,5 +460,4 @@ class Planner:
         sure = score <= threshold if plan.kind is PlanKind.STAGES else score >= threshold
         if sure:
             return False
-        factor = self.factor(plan.policy, plan.deadline_ms)
-        return not plan.feasible or self.fits([plan.engines[done]], time_left_ms, wait_ms, factor)
+        return not plan.feasible or self.fits([plan.engines[done]], time_left_ms, wait_ms, self.factor(plan.policy))

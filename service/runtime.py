@@ -20,7 +20,7 @@ from engines.factory import open_record
 from engines.manifest import MANIFEST_NAME, EngineRecord, Ensemble, Ladder, MemberCascade, load_ladder
 from models.preprocess import PreprocessSpec
 from service.auth import ApiKey
-from service.caution import ByDeadline, Caution, band_label
+from service.caution import Caution
 from service.config import Settings
 from service.errors import ApiError
 from service.images import open_bytes
@@ -53,10 +53,10 @@ class Runtime:
             r.name: r for r in [*self.ladder.stages, *self.ladder.rungs, *self.ladder.ensembles]
         }
         self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
-        caution = self._caution(settings) if settings.auto_caution else None
+        caution = Caution(slack_ms=settings.auto_caution_slack_ms) if settings.auto_caution else None
         budget = None
         if settings.auto_utilization > 0:
-            restraint = self._caution(settings) if settings.auto_load_restraint else None
+            restraint = Caution(slack_ms=settings.auto_caution_slack_ms) if settings.auto_load_restraint else None
             budget = Budget(settings.auto_utilization, restraint=restraint)
         self.planner = Planner(
             self.ladder,
@@ -68,21 +68,10 @@ class Runtime:
             settings.auto_tie_se,
             settings.auto_quick_fallback,
         )
-        # auto's caution and load budget, one gauge per band of deadlines (service/caution.py) or one for all ("all").
-        if isinstance(caution, ByDeadline):
-            caution.new_band = lambda low, _: metrics.caution.labels(band_label(low)).set_function(
-                partial(self.planner.factor, Policy.AUTO, low)
-            )
-        elif caution is not None:
-            metrics.caution.labels("all").set_function(partial(self.planner.factor, Policy.AUTO))
+        metrics.caution.set_function(lambda: self.planner.factor(Policy.AUTO))
         if budget is not None:
             metrics.arrivals.set_function(budget.rate.per_second)
-            if isinstance(budget.restraint, ByDeadline):
-                budget.restraint.new_band = lambda low, _: metrics.budget.labels(band_label(low)).set_function(
-                    partial(budget.ms, deadline_ms=low)
-                )
-            else:
-                metrics.budget.labels("all").set_function(budget.ms)
+            metrics.budget.set_function(budget.ms)
         # What plans allow for the request's own path (service/timing.py), by where the plan was made: in the
         # HTTP parser (binary bodies: the body is still to be read) or in the route (after parsing).
         self.paths = {"parser": PathTime(), "route": PathTime()}
@@ -147,16 +136,6 @@ class Runtime:
         except Exception as e:
             self.failed = f"{type(e).__name__}: {e}"
             log.exception("loading the ladder failed")
-
-    @staticmethod
-    def _caution(settings: Settings) -> Caution | ByDeadline:
-        """A caution for auto's predictions or its load budget: one per band of deadlines, or one for all."""
-        slack = settings.auto_caution_slack_ms
-        return (
-            ByDeadline(partial(Caution, slack_ms=slack))
-            if settings.auto_caution_by_deadline
-            else Caution(slack_ms=slack)
-        )
 
     def _warm_request_path(self) -> None:
         """Decode a PNG and a JPEG and plan once per policy, so that the first requests do not pay for first

@@ -257,7 +257,6 @@ class Scheduler:
                 self.wait_ms(job.deadline),
                 on_infeasible,
                 job.plan.name if job.plan.policy is Policy.FIXED else None,
-                job.plan.deadline_ms,
             )
         except ApiError as e:
             job.error = e
@@ -296,8 +295,7 @@ class Scheduler:
         if job.logits is None:
             on_infeasible = OnInfeasible.BEST_EFFORT if job.best_effort else OnInfeasible.REJECT
             try:
-                plan = job.plan
-                job.plan = self.planner.plan(plan.policy, time_left, 0.0, on_infeasible, plan.name, plan.deadline_ms)
+                job.plan = self.planner.plan(job.plan.policy, time_left, 0.0, on_infeasible, job.plan.name)
                 return True
             except ApiError:
                 job.error = DeadlineExpired(f"{max(time_left, 0.0):.2f} ms were left after queueing: no rung fits")
