@@ -64,7 +64,6 @@ OWN_SERVERS = {
     "auto-most-accurate": {"ANYTIME_AUTO_TIE_SE": "0"},  # no ties: always the most accurate option that fits
     "auto-server-late": {"ANYTIME_AUTO_CAUTION_SLACK_MS": "0"},  # caution counts only answers late at the server
     "auto-fastest-fallback": {"ANYTIME_AUTO_QUICK_FALLBACK": "false"},  # nothing fits under caution: the quickest
-    "auto-uncapped-caution": {"ANYTIME_AUTO_CAUTION_WINDOW": "0"},  # caution without the cap of what answers needed
 }  # capacity: >= 95 % answered 200 within 100 ms at the client
 
 

@@ -54,13 +54,6 @@ class Settings(BaseSettings):
         "the server's clock (sending, the client reading) can still make it late at the client; 0: only answers "
         "late at the server count",
     )
-    auto_caution_window: int = Field(
-        128,
-        ge=0,
-        le=100_000,
-        description="auto's caution is capped by the 99th percentile of the factor its last this many answers needed "
-        "(service/caution.py), so that it falls as soon as they show it is more than they need; 0: no cap",
-    )
     auto_utilization: float = Field(
         0.7,
         ge=0,

@@ -77,9 +77,6 @@ class Plan:
     feasible: bool = True  # False: best-effort run of the fastest plan, the deadline cannot be met
     kind: PlanKind = PlanKind.RUNG
     members: list[str] = field(default_factory=list)  # a member cascade's rungs (its engines), an ensemble's
-    # auto's inputs, for caution's needed factor (Planner.observe): the time left and the queue wait it planned with
-    time_left_ms: float | None = None
-    wait_ms: float = 0.0
 
 
 @dataclass
@@ -224,17 +221,12 @@ class Planner:
         """How far this policy's predictions are inflated now: auto's caution, else 1."""
         return self.caution.factor if policy is Policy.AUTO and self.caution is not None else 1.0
 
-    def observe(self, plan: Plan, slack_ms: float, steps: int = 1) -> None:
+    def observe(self, plan: Plan, slack_ms: float) -> None:
         """An answer planned by `plan` was ready `slack_ms` before its deadline (negative: after it; -inf: it
-        expired before it could run), after `steps` of its steps. Caution also learns the factor the answer needed,
-        on the predictions as they stand now (they move slowly; the plan's own are not kept)."""
+        expired before it could run)."""
         if plan.policy is Policy.AUTO:
             if self.caution is not None:
-                needed = None
-                if plan.time_left_ms is not None:
-                    predicted = plan.wait_ms + sum(self.predictor.predict(e) for e in plan.engines[: max(steps, 1)])
-                    needed = self.caution.needed(plan.time_left_ms, slack_ms, self.margin_ms, predicted)
-                self.caution.answered(slack_ms, needed)
+                self.caution.answered(slack_ms)
             if self.budget is not None:
                 self.budget.answered(slack_ms)
 
@@ -409,15 +401,6 @@ class Planner:
         return option.plan(policy), self.predictor.predict(option.engines[0])
 
     def plan(
-        self, policy: Policy, time_left_ms: float, wait_ms: float, on_infeasible: OnInfeasible, rung: str | None = None
-    ) -> Plan:
-        """_plan's plan; auto's carries the time left and the queue wait it was made with (for observe)."""
-        plan = self._plan(policy, time_left_ms, wait_ms, on_infeasible, rung)
-        if policy is Policy.AUTO:
-            plan.time_left_ms, plan.wait_ms = time_left_ms, wait_ms
-        return plan
-
-    def _plan(
         self, policy: Policy, time_left_ms: float, wait_ms: float, on_infeasible: OnInfeasible, rung: str | None = None
     ) -> Plan:
         """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible). Before it refuses,

@@ -53,9 +53,7 @@ class Runtime:
             r.name: r for r in [*self.ladder.stages, *self.ladder.rungs, *self.ladder.ensembles]
         }
         self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
-        caution = None
-        if settings.auto_caution:
-            caution = Caution(slack_ms=settings.auto_caution_slack_ms, window=settings.auto_caution_window)
+        caution = Caution(slack_ms=settings.auto_caution_slack_ms) if settings.auto_caution else None
         budget = None
         if settings.auto_utilization > 0:
             restraint = Caution(slack_ms=settings.auto_caution_slack_ms) if settings.auto_load_restraint else None

@@ -50,64 +50,9 @@ def test_caution_settles_where_the_target_share_of_answers_is_late(late_share: f
 
 
 def test_caution_refuses_settings_that_cannot_work() -> None:
-    for kwargs in ({"target": 0.0}, {"target": 1.0}, {"step": 0.0}, {"ceiling": 0.5}, {"window": -1}):
+    for kwargs in ({"target": 0.0}, {"target": 1.0}, {"step": 0.0}, {"ceiling": 0.5}):
         with pytest.raises(ValueError, match="caution needs"):
             Caution(**kwargs)
-
-
-def test_caution_is_capped_by_what_its_last_answers_needed() -> None:
-    # A window of 8 at a 1 % target: the cap is the largest need of the last 8 (rank ceil(0.99 x 8) = 8 of 8).
-    caution = Caution(target=0.01, step=1.0, ceiling=16.0, window=8)
-    for _ in range(4):
-        caution.observe(late=True)
-    assert caution.factor == pytest.approx(16.0)  # the controller alone: 2^4
-    for _ in range(7):
-        caution.answered(5.0, needed=1.5)
-    assert caution.factor > 15.0  # a window not yet full caps nothing (seven on-time answers took off 5 %)
-    caution.answered(5.0, needed=1.2)
-    assert caution.factor == pytest.approx(1.5)  # the answers needed 1.5 at most: the cap lets caution fall at once
-    caution.answered(-math.inf, needed=math.inf)  # expired in the queue: the cap is lifted while it is in the window
-    assert caution.factor == pytest.approx(16.0)
-    for _ in range(8):
-        caution.answered(5.0, needed=0.3)
-    assert caution.factor == 1.0  # never below 1
-    uncapped = Caution(target=0.01, step=1.0, window=0)
-    uncapped.observe(late=True)
-    for _ in range(20):
-        uncapped.answered(5.0, needed=0.3)
-    assert uncapped.factor == pytest.approx(2.0 * math.exp(-20 * math.log(2.0) * 0.01 / 0.99))  # the controller alone
-
-
-def test_the_needed_factor_is_the_least_that_keeps_a_plan_that_came_as_late_from_running() -> None:
-    ladder = _auto_ladder()
-    predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
-    caution = Caution(step=1.0, slack_ms=0.5, window=4)
-    planner = Planner(ladder, predictor, margin_ms=1.0, caution=caution)
-    plan = planner.plan(Policy.AUTO, 3.5, 0.2, OnInfeasible.REJECT)  # both members fit: 0.2 + 2 x 1.1 + 1 <= 3.5
-    assert (plan.name, plan.time_left_ms, plan.wait_ms) == ("members", 3.5, 0.2)
-    for slack, steps in ((0.3, 2), (2.0, 1)):  # ready 0.3 ms before the deadline after both steps; 2 ms after one
-        predicted = 0.2 + sum(predictor.predict(e) for e in plan.engines[:steps])
-        needed = caution.needed(3.5, slack, 1.0, predicted)
-        assert needed == pytest.approx((3.5 - slack + 0.5 - 1.0) / predicted)
-        # With that factor the plan fits exactly the time it would have needed to end 0.5 ms before its deadline ...
-        just = 3.5 - (slack - 0.5)
-        assert planner.fits(plan.engines[:steps], just + 1e-9, 0.2, needed)
-        assert not planner.fits(plan.engines[:steps], just - 1e-3, 0.2, needed)  # ... and no less
-    assert caution.needed(3.5, -math.inf, 1.0, 1.0) == math.inf
-    # Through observe: late answers raise the factor to what they needed, not to the controller's 2^6 ...
-    for _ in range(6):
-        planner.observe(plan, -1.0, 2)  # 1 ms late after both steps: needed (3.5 + 1 + 0.5 - 1) / 2.4
-    assert planner.factor(Policy.AUTO) == pytest.approx(4.0 / (0.2 + 2 * 1.1))
-    for _ in range(4):
-        planner.observe(plan, -math.inf)  # ... answers expired in the queue lift the cap: the controller's 16
-    assert planner.factor(Policy.AUTO) == pytest.approx(16.0)
-    assert planner.plan(Policy.AUTO, 25.0, 0.0, OnInfeasible.REJECT).name == "members"  # 16 x 22 ms: slow does not fit
-    for _ in range(4):  # four answers that needed little take it down to what they needed
-        planner.observe(planner.plan(Policy.AUTO, 20.0, 0.0, OnInfeasible.REJECT), 19.0, 1)
-    assert planner.factor(Policy.AUTO) == pytest.approx(1.0)  # (20 - 19 + 0.5 - 1) / 1.1 < 1: no caution
-    assert planner.plan(Policy.AUTO, 25.0, 0.0, OnInfeasible.REJECT).name == "slow"
-    planner.observe(Plan(Policy.AUTO, "fast", ["fast"]), 1.0)  # a plan made elsewhere (no inputs): no need known
-    assert len(caution._needs) == 4
 
 
 def _cautious_planner(factor_log_steps: int) -> Planner:

@@ -281,7 +281,7 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
     queue_ms = (job.started - job.arrival) * 1e3
     metrics.latency.observe(latency)
     metrics.queue.observe(queue_ms)
-    runtime.planner.observe(job.plan, (job.deadline - now) * 1e3, job.step)
+    runtime.planner.observe(job.plan, (job.deadline - now) * 1e3)
     if not met:
         metrics.deadline_misses.inc()
         if not job.best_effort:  # only a best-effort client takes a late answer
