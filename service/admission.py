@@ -38,16 +38,18 @@ def plan_for(runtime: Runtime, options: ClassifyOptions, arrival: float, where: 
     deadline, path = arrival + options.deadline_ms / 1e3, runtime.paths[where]
     wait = runtime.scheduler.wait_ms(deadline)
 
-    def plan() -> Plan:
+    def plan(restrain: bool = True) -> Plan:
         time_left = (deadline - time.monotonic()) * 1e3 - path.ms  # e.g. decode, hand-offs
-        return runtime.planner.plan(options.policy, time_left, wait, options.on_infeasible, options.rung)
+        return runtime.planner.plan(options.policy, time_left, wait, options.on_infeasible, options.rung, restrain)
 
     try:
         return plan()
     except DeadlineInfeasible:
         if not path.refused():
             raise
-    return plan()  # the estimate was dropped (many refusals, no answer): once more without it
+    # The estimate was dropped (many refusals, no answer): once more without it. A refusal then is the same
+    # request's: the load restraint has counted it already.
+    return plan(restrain=False)
 
 
 def admit(runtime: Runtime, scope: Mapping[str, Any], batch: bool, arrival: float) -> Admitted:

@@ -401,7 +401,13 @@ class Planner:
         return option.plan(policy), self.predictor.predict(option.engines[0])
 
     def plan(
-        self, policy: Policy, time_left_ms: float, wait_ms: float, on_infeasible: OnInfeasible, rung: str | None = None
+        self,
+        policy: Policy,
+        time_left_ms: float,
+        wait_ms: float,
+        on_infeasible: OnInfeasible,
+        rung: str | None = None,
+        restrain: bool = True,
     ) -> Plan:
         """The best plan that fits; else the fastest, best-effort or rejected (DeadlineInfeasible). Before it refuses,
         the predictor drops estimates that the engines have all but stopped refreshing (far more requests refused on
@@ -413,6 +419,9 @@ class Planner:
         first step (_no_worse_than_quick), if its bare prediction fits. static: the most accurate rung that fits
         whole. cascade: the most accurate stage cascade that fits whole, else the one whose first stage is quickest
         (it stops early when time runs out). fixed: the named option, if its first step fits.
+
+        An auto request refused because the queue ahead left no plan (it would fit an empty one) counts in the load
+        restraint (service/load.py); `restrain` False: not, for a request planned again and already counted.
         """
         budget = time_left_ms - wait_ms - self.margin_ms
         if policy is Policy.AUTO:
@@ -435,8 +444,8 @@ class Planner:
         if first_ms <= budget:
             return fastest
         if self.in_flight() == 0 and self.predictor.forget_if_starved():  # refusals, next to no runs: the profiles
-            return self.plan(policy, time_left_ms, wait_ms, on_infeasible, rung)
-        if policy is Policy.AUTO and self.budget is not None and first_ms + self.margin_ms <= time_left_ms:
+            return self.plan(policy, time_left_ms, wait_ms, on_infeasible, rung, restrain)
+        if restrain and policy is Policy.AUTO and self.budget is not None and first_ms + self.margin_ms <= time_left_ms:
             self.budget.refused_for_the_queue()  # the queue ahead, not the deadline, left no plan: load restraint
         if on_infeasible is OnInfeasible.BEST_EFFORT:
             fastest.feasible = False
