@@ -610,15 +610,16 @@ def test_a_request_refused_again_without_the_path_estimate_counts_once_in_the_lo
 ) -> None:
     """The 20th refusal on a path estimate drops it and plans the request once more; when the queue ahead refuses
     it again, `auto`'s load restraint (service/load.py) counts one request refused for the queue, not two."""
-    runtime, options = _fastest_fits_by_1_ms(ladder_dir)
+    runtime, fits = _fastest_fits_by_1_ms(ladder_dir)
+    options = ClassifyOptions(deadline_ms=fits.deadline_ms + 9.0)  # room for a slow machine between the plans
     budget = runtime.planner.budget
     assert budget is not None and budget.restraint is not None
     counted: list[int] = []
     monkeypatch.setattr(budget, "refused_for_the_queue", lambda: counted.append(1))
-    monkeypatch.setattr(runtime.scheduler, "wait_ms", lambda deadline: 5.0)  # a queue no deadline here fits behind
+    monkeypatch.setattr(runtime.scheduler, "wait_ms", lambda deadline: 1000.0)  # a queue no deadline here fits behind
     path = runtime.paths["route"]
     for _ in range(20):
-        path.observe(0.5)  # the fastest plan still fits an empty queue with 0.5 ms to spare
+        path.observe(0.5)  # the fastest plan still fits an empty queue, with 9.5 ms to spare
     for request in range(1, 21):
         with pytest.raises(DeadlineInfeasible):
             plan_for(runtime, options, time.monotonic())
