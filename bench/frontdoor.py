@@ -24,6 +24,10 @@ httptools, no access log):
 3. The front-door issue's targets that these figures decide, each printed with this run's figure as met, MISSED or
    cannot tell (`targets`; also in frontdoor.json), so that a run grades itself the same way every time.
 
+Before the servers start and after they stop, the machine's steadiness (loadtest/steadiness.py: how often a fixed
+loop on one core ran at under half its usual speed, 5 s each), so that a reader can tell a run on a steady
+machine from one on a machine that slows down in spells.
+
     python -m bench.frontdoor [--ladder ladders/default] [--requests 1000] [--trial-s 3] [--out reports/frontdoor]
 """
 
@@ -51,11 +55,13 @@ from loadtest.client import WARM_CONNECTIONS, LoadConfig, run_load
 from loadtest.harness import png_base64, running_server
 from loadtest.http import BlockingConnection
 from loadtest.schedule import DeadlineMix
+from loadtest.steadiness import measure as measure_steadiness
 from loadtest.summary import Record
 from loadtest.sweep import find_capacity
 from models.data import FashionMNIST, PreprocessSpec, Split
 
 LOAD_LEVELS = (0.25, 0.5, 0.7, 1.0, 2.0)
+STEADINESS_S = 5.0  # the steadiness probe before and after the run
 SERVERS = ("anytime", "anytime-png", "plain")  # anytime-png: the same server, the PNG file as the body
 LABELS = {"anytime": "Anytime, JSON/base64", "anytime-png": "Anytime, PNG body", "plain": "plain FastAPI + ORT, JSON"}
 SCAN_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # for the capacity at 5 ms and the plot
@@ -654,10 +660,11 @@ def main() -> None:
     ladder = load_ladder(args.ladder)
     split = FashionMNIST().split("test")
     started = time.perf_counter()
+    before = measure_steadiness(STEADINESS_S)
+    print(f"machine steadiness before the run: {before.describe()}")
+    report: dict[str, Any] = {"steadiness": {"before": before.plain()}}
     with servers(args.ladder, ladder, args.out, refusing=not args.skip_load) as (urls, logs):
-        report: dict[str, Any] = {
-            "concurrency_1": concurrency_one(args.ladder, ladder, split, urls, args.requests, args.rounds)
-        }
+        report["concurrency_1"] = concurrency_one(args.ladder, ladder, split, urls, args.requests, args.rounds)
         print_concurrency_one(report["concurrency_1"])
         if not args.skip_load:
             rung = pick_rungs(ladder)["fastest INT8"].name
@@ -667,6 +674,9 @@ def main() -> None:
         print_open_loop(report["open_loop"])
         plot_scan(report["open_loop"], args.out / "frontdoor-load.png")
         print(f"wrote {args.out / 'frontdoor-load.png'}")
+    after = measure_steadiness(STEADINESS_S)
+    report["steadiness"]["after"] = after.plain()
+    print(f"\nmachine steadiness after the run: {after.describe()}")
     rows = targets(report)
     print_targets(rows)
     report["targets"] = [asdict(t) for t in rows]

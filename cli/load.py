@@ -111,6 +111,13 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
         help="seconds of each cell's own load sent first and not scored, so that every server starts the cell warm "
         "(0: none; default: %(default)s)",
     )
+    p.add_argument(
+        "--steadiness",
+        type=non_negative_float,
+        default=SWEEP["steadiness_s"],
+        help="seconds of the machine-steadiness probe (loadtest/steadiness.py) before and after the cells, in the "
+        "report (0: none; default: %(default)s)",
+    )
     p.add_argument("--capacity", action="store_true", help="also search each policy's capacity (MLPerf Server)")
     p.add_argument(
         "--capacity-deadline",
@@ -212,6 +219,7 @@ def run_sweep(args: argparse.Namespace) -> None:
         capacity=args.capacity,
         capacity_deadline_ms=args.capacity_deadline,
         capacity_start=args.capacity_start,
+        steadiness_s=args.steadiness,
         progress=not args.quiet,
     )
     try:

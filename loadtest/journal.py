@@ -26,7 +26,8 @@ from loadtest.results import Capacity, SweepConfig
 from loadtest.summary import Record, read_records, write_records
 
 JOURNAL = "progress.json"
-NOT_SETTINGS = ("out", "progress")  # where the report goes and whether bars are drawn: not part of what is measured
+# Where the report goes, whether bars are drawn and how long the machine is probed: not part of what a cell measures.
+NOT_SETTINGS = ("out", "progress", "steadiness_s")
 
 
 class ResumeError(ValueError):

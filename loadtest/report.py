@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loadtest.results import Cell, PolicySpec, SweepResult
+from loadtest.steadiness import Steadiness
 from loadtest.summary import METHOD, Record
 
 if TYPE_CHECKING:
@@ -287,9 +288,16 @@ def _method(result: SweepResult) -> list[str]:
         if result.resumed_cells
         else ""
     )
+    steady = m.get("steadiness", {})
+    steadiness = "".join(
+        f" Machine steadiness {when} the cells (loadtest/steadiness.py): {Steadiness(**steady[when]).describe()}."
+        for when in ("before", "after")
+        if when in steady
+    )
     return [
         f"Run {result.started}, {result.wall_s:.0f} s in all.{resumed} Machine: {m['cpu']}, {m['cores']} CPUs, "
-        f"{m['platform']}. The load generator, the Anytime server and the baseline share this machine's cores.",
+        f"{m['platform']}. The load generator, the Anytime server and the baseline share this machine's cores."
+        + steadiness,
         "",
         f"Ladder `{c.ladder}` (model {ladder.model}, {len(ladder.rungs)} rungs, {len(ladder.cascades)} cascades, "
         f"profiles measured with {ladder.threads} threads on {ladder.machine.get('cpu', 'its build machine')}). "

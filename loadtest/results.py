@@ -54,6 +54,7 @@ class SweepConfig:
     capacity: bool = False
     capacity_deadline_ms: float = 10.0
     capacity_start: float = 25.0
+    steadiness_s: float = 3.0  # the machine-steadiness probe before and after the cells (0: none)
     progress: bool = True
 
     def plain(self) -> dict[str, Any]:

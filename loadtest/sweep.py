@@ -45,6 +45,7 @@ from loadtest.results import (
     SweepResult,
 )
 from loadtest.schedule import DeadlineMix, image_order
+from loadtest.steadiness import measure as measure_steadiness
 from loadtest.summary import METHOD, Record, summarize
 from models.data import PreprocessSpec, Split
 
@@ -356,6 +357,7 @@ def run_sweep(config: SweepConfig, split: Split, resume: bool = False) -> SweepR
     rates = config.rates or journal.rates()
     # Without rates, auto's keep-up capacity on its own server sets them; a server no column needs is not started.
     auto = next((s for s in specs if s.label == "auto"), PolicySpec("auto", "auto", server="auto"))
+    steadiness = {"before": measure_steadiness(config.steadiness_s).plain()} if config.steadiness_s > 0 else {}
     with _servers(config.ladder, {s.server for s in specs} | (set() if rates else {auto.server})) as urls:
         runner = _Runner(config, split, urls)
         if not rates:
@@ -387,13 +389,15 @@ def run_sweep(config: SweepConfig, split: Split, resume: bool = False) -> SweepR
                 _search_capacity(runner, spec, config)
                 for spec in tqdm(specs, desc="capacity", unit="policy", disable=not config.progress)
             ]
+    if steadiness:  # the servers have stopped: the probe has the machine to itself again
+        steadiness["after"] = measure_steadiness(config.steadiness_s).plain()
     journal.done(capacity, time.perf_counter() - t0)
     config.rates = rates
     return SweepResult(
         config,
         ladder,
         specs,
-        machine_info(ladder),
+        {**machine_info(ladder), **({"steadiness": steadiness} if steadiness else {})},
         journal.started,
         journal.wall_before + time.perf_counter() - t0,
         grid,

@@ -283,11 +283,14 @@ def test_tiny_sweep_writes_report_and_plots(ladder_dir: Path, tmp_path: Path, fm
         requests=20,
         duration_s=2.0,
         warmup_s=0.05,
+        steadiness_s=0.2,
         progress=False,
     )
     result = run_sweep(config, fmnist.split("test"))
     report = save_sweep(result).read_text()
     assert "after 0.05 s of the same load not scored" in report
+    assert "Machine steadiness before the cells" in report and "Machine steadiness after the cells" in report
+    assert result.machine["steadiness"]["before"]["windows"] == 20
     for name in ("effective_accuracy.png", "attainment_vs_rate.png", "latency_cdf.png", "rung_exit_mix.png"):
         assert (tmp_path / name).stat().st_size > 1000 and f"]({name})" in report
     assert "union bound" in report and "best fixed in hindsight" in report and "Machine:" in report
@@ -368,6 +371,7 @@ def test_sweep_rates_can_be_percentages_of_the_measured_capacity(
         duration_s=0.5,
         warmup_s=0.0,
         capacity_start=400.0,
+        steadiness_s=0.0,
         progress=False,
     )
     result = run_sweep(config, fmnist.split("test"))
@@ -550,6 +554,7 @@ def test_a_stopped_sweep_resumes_with_only_the_missing_cells_with_run_load_and_s
         repeats=2,
         requests=20,
         warmup_s=0.0,
+        steadiness_s=0.0,
         progress=False,
     )
     split = fmnist.split("test")
