@@ -45,12 +45,16 @@ class Steadiness:
         spacing = f", about every {self.spacing_s:.1f} s" if self.spacing_s is not None else ""
         return (
             f"{100 * self.slow_share:.1f} % of {self.windows} windows of {1e3 * WINDOW_S:.0f} ms under half speed; "
-            f"{self.spells} slow spells of 20 ms or more, the longest {self.longest_ms:.0f} ms, in {self.episodes} "
-            f"episodes{spacing} ({self.seconds:g} s of a fixed Python loop on one core)"
+            f"{_count(self.spells, 'slow spell')} of 20 ms or more, the longest {self.longest_ms:.0f} ms, in "
+            f"{_count(self.episodes, 'episode')}{spacing} ({self.seconds:g} s of a fixed Python loop on one core)"
         )
 
     def plain(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _chunk() -> int:

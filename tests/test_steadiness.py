@@ -36,6 +36,7 @@ def test_the_reference_is_the_usual_speed_not_the_fastest_window() -> None:
 def test_a_spell_at_the_end_counts() -> None:
     s = summarize([100] * 8 + [10, 10])
     assert s.spells == 1 and s.episodes == 1 and s.longest_ms == pytest.approx(20.0)
+    assert "1 slow spell of 20 ms" in s.describe() and "in 1 episode (" in s.describe()
 
 
 def test_the_probe_runs_for_the_time_asked() -> None:
