@@ -11,7 +11,7 @@ answer against 1.3 ms on average. So an answer late in such a spell is the machi
 benchmark prints on such a machine carries it; `bench.frontdoor` and `anytime sweep` print this measurement
 before and after their runs so that a reader can tell a steady machine from one that is not.
 
-The probe: one thread runs a fixed pure-Python chunk (a 200-step loop, a few microseconds) for `seconds` and counts
+The probe: one thread runs a fixed pure-Python chunk (a 200-step loop, about 5 us there) for `seconds` and counts
 the chunks started in each window of `window_s`. A window's speed is its count over the reference, the 90th
 percentile of the counts (a steady machine's usual speed; the best window would follow the rare fast one). It
 takes one core for those seconds, so it runs before and after a benchmark, never during one.
@@ -19,6 +19,7 @@ takes one core for those seconds, so it runs before and after a benchmark, never
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import asdict, dataclass
 from itertools import pairwise
@@ -43,9 +44,11 @@ class Steadiness:
 
     def describe(self) -> str:
         spacing = f", about every {self.spacing_s:.1f} s" if self.spacing_s is not None else ""
+        window_ms = 1e3 * self.seconds / self.windows
         return (
-            f"{100 * self.slow_share:.1f} % of {self.windows} windows of {1e3 * WINDOW_S:.0f} ms under half speed; "
-            f"{_count(self.spells, 'slow spell')} of 20 ms or more, the longest {self.longest_ms:.0f} ms, in "
+            f"{100 * self.slow_share:.1f} % of {self.windows} windows of {window_ms:g} ms under half speed; "
+            f"{_count(self.spells, 'slow spell')} of {2 * window_ms:g} ms or more, "
+            f"the longest {self.longest_ms:.0f} ms, in "
             f"{_count(self.episodes, 'episode')}{spacing} ({self.seconds:g} s of a fixed Python loop on one core)"
         )
 
@@ -111,11 +114,11 @@ def measure(seconds: float = 5.0) -> Steadiness:
 
 
 def main() -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long the probe runs (default: %(default)s)")
     args = parser.parse_args()
+    if not args.seconds > 0:
+        parser.error("--seconds must be positive")
     print(measure(args.seconds).describe())
 
 
