@@ -27,6 +27,7 @@ from typing import Any
 
 WINDOW_S = 0.01
 SLOW = 0.5  # a window doing under this share of the reference's work is slow
+SPELL_WINDOWS = 2  # a slow spell: this many slow windows in a row, or more
 JOIN_S = 0.2  # slow spells that start within this of the one before belong to one episode
 REFERENCE_PERCENTILE = 0.9
 CHUNK_STEPS = 200
@@ -37,7 +38,7 @@ class Steadiness:
     seconds: float
     windows: int
     slow_share: float  # the share of windows that did under SLOW of the reference's work
-    spells: int  # runs of two or more slow windows in a row
+    spells: int  # runs of SPELL_WINDOWS or more slow windows in a row
     longest_ms: float  # the longest such run
     episodes: int  # groups of spells, each starting within JOIN_S of the one before
     spacing_s: float | None  # the median time between the starts of consecutive episodes (None: under two)
@@ -47,7 +48,7 @@ class Steadiness:
         window_ms = 1e3 * self.seconds / self.windows
         return (
             f"{100 * self.slow_share:.1f} % of {self.windows} windows of {window_ms:g} ms under half speed; "
-            f"{_count(self.spells, 'slow spell')} of {2 * window_ms:g} ms or more, "
+            f"{_count(self.spells, 'slow spell')} of {SPELL_WINDOWS * window_ms:g} ms or more, "
             f"the longest {self.longest_ms:.0f} ms, in "
             f"{_count(self.episodes, 'episode')}{spacing} ({self.seconds:g} s of a fixed Python loop on one core)"
         )
@@ -91,7 +92,7 @@ def summarize(counts: list[int], window_s: float = WINDOW_S) -> Steadiness:
         if s:
             run += 1
             continue
-        if run >= 2:
+        if run >= SPELL_WINDOWS:
             starts.append(k - run)
             lengths.append(run)
         run = 0
