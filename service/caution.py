@@ -27,11 +27,11 @@ A stall of the machine (here, spells of up to 170 ms every half second or so) ma
 once. At 800 req/s a 20 ms stall leaves some 16 answers late together; counted one by one, they raised the factor
 1.25 ** 16, past its ceiling of 16, and about 1,230 on-time answers had to follow to bring it back to 1: `auto` at
 800 req/s and 20 ms answered with ResNet exit 1 or the INT8 stage cascade for 300-600 requests after each such burst
-(docs/measurements.md, "Caution's recovery"). So a late answer raises the factor only if its request was planned
-after the factor last rose (`recovery`, on by default): the answers planned before it were planned under a factor
-that has already answered for them, as TCP NewReno cuts its window once per window of lost packets, not once per
-packet (RFC 6582's `recover`). Under a sustained overload the factor still rises once per round trip of a request,
-to its ceiling within a dozen of them.
+(docs/measurements.md, "The lead of 800 req/s at 20 ms checked, and caution's recovery"). So a late answer raises
+the factor only if its request was planned after the factor last rose (`recovery`, on by default): the answers
+planned before it were planned under a factor that has already answered for them, as TCP NewReno cuts its window
+once per window of lost packets, not once per packet (RFC 6582's `recover`). Under a sustained overload the factor
+still rises once per round trip of a request, to its ceiling within a dozen of them.
 
 Caution never decides whether a request is refused: that stays on uninflated predictions, so caution changes
 which answer a request gets, not whether it gets one.
