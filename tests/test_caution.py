@@ -267,3 +267,11 @@ def test_auto_answers_move_caution_where_they_are_sent(ladder_dir: Path, fmnist:
         families = text_string_to_metric_families(client.get("/metrics").text)
         gauges = {f.name: f.samples[0].value for f in families if f.samples}
         assert gauges["anytime_auto_caution"] == pytest.approx(2 ** (5 / 3))
+
+
+@pytest.mark.parametrize("recovery", [True, False])
+def test_the_recovery_setting_reaches_caution_and_the_load_restraint(ladder_dir: Path, recovery: bool) -> None:
+    """ANYTIME_AUTO_CAUTION_RECOVERY (the sweep's auto-every-late column turns it off) sets both controllers."""
+    planner = create_app(Settings(ladder=ladder_dir, auto_caution_recovery=recovery)).state.runtime.planner
+    assert planner.caution is not None and planner.budget is not None and planner.budget.restraint is not None
+    assert planner.caution.recovery is recovery and planner.budget.restraint.recovery is recovery
