@@ -95,11 +95,10 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
         default=",".join(SWEEP["policies"]),
         help="auto, static, cascade; front: every served option as fixed; fixed-fast: the rung with the lowest "
         "p99 at batch 1; fixed-best: the highest val accuracy; auto-bare / auto-unloaded / auto-rate-budget / "
-        "auto-most-accurate / auto-server-late / auto-fastest-fallback / auto-every-late: auto without caution / "
-        "without the load budget / with the load budget but without its restraint / without ties / "
+        "auto-most-accurate / auto-server-late / auto-fastest-fallback: auto without caution / without the load "
+        "budget / with the load budget but without its restraint / without ties / "
         "with caution counting only answers late at the server / with the quickest first step where caution leaves "
-        "no option / with every late answer raising caution (no recovery), each on a server of its own as auto is "
-        "(side by side); auto-shared: auto on the server the "
+        "no option, each on a server of its own as auto is (side by side); auto-shared: auto on the server the "
         "fixed columns share; "
         "fixed:NAME: the ladder's option NAME; "
         "baseline: the plain server of loadtest/baseline.py (default: %(default)s)",

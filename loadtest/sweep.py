@@ -65,7 +65,6 @@ OWN_SERVERS = {
     "auto-most-accurate": {"ANYTIME_AUTO_TIE_SE": "0"},  # no ties: always the most accurate option that fits
     "auto-server-late": {"ANYTIME_AUTO_CAUTION_SLACK_MS": "0"},  # caution counts only answers late at the server
     "auto-fastest-fallback": {"ANYTIME_AUTO_QUICK_FALLBACK": "false"},  # nothing fits under caution: the quickest
-    "auto-every-late": {"ANYTIME_AUTO_CAUTION_RECOVERY": "false"},  # each late answer raises caution and restraint
 }  # capacity: >= 95 % answered 200 within 100 ms at the client
 
 
@@ -89,10 +88,9 @@ def policy_specs(ladder: Ladder, names: tuple[str, ...]) -> list[PolicySpec]:
     """auto, static, cascade; front: a fixed column per served option; fixed-fast: the non-dominated rung with
     the lowest p99 at batch 1; fixed-best: the highest val accuracy; fixed:NAME: the ladder's option NAME (a rung,
     ensemble or cascade; a dominated rung is loaded when first asked for); auto-bare, auto-unloaded,
-    auto-rate-budget, auto-most-accurate, auto-server-late, auto-fastest-fallback and auto-every-late: auto without
-    caution, without the load budget, with the load budget but without its restraint, without ties, with caution
-    counting only answers late at the server, with the quickest first step where caution leaves no option, or with
-    every late answer raising caution and restraint (no recovery: service/caution.py), for a side-by-side
+    auto-rate-budget, auto-most-accurate, auto-server-late and auto-fastest-fallback: auto without caution, without
+    the load budget, with the load budget but without its restraint, without ties, with caution counting only
+    answers late at the server, or with the quickest first step where caution leaves no option, for a side-by-side
     comparison (auto and each of these run on an Anytime server of its own: OWN_SERVERS); auto-shared: auto on the
     server the fixed columns share; baseline: loadtest/baseline.py. An unknown name raises ValueError.
     """

@@ -23,16 +23,6 @@ and when it decides whether a cascade goes on. Each late answer of `auto` multip
 `target` of the answers are late (additive-increase / multiplicative-decrease in log space, as brownout
 controllers and TCP do).
 
-A stall of the machine (here, spells of up to 170 ms every half second or so) makes every answer in flight late at
-once. At 800 req/s a 20 ms stall leaves some 16 answers late together; counted one by one, they raised the factor
-1.25 ** 16, past its ceiling of 16, and about 1,230 on-time answers had to follow to bring it back to 1: `auto` at
-800 req/s and 20 ms answered with ResNet exit 1 or the INT8 stage cascade for 300-600 requests after each such burst
-(docs/measurements.md, "The lead of 800 req/s at 20 ms checked, and caution's recovery"). So a late answer raises
-the factor only if its request was planned after the factor last rose (`recovery`, on by default): the answers
-planned before it were planned under a factor that has already answered for them, as TCP NewReno cuts its window
-once per window of lost packets, not once per packet (RFC 6582's `recover`). Under a sustained overload the factor
-still rises once per round trip of a request, to its ceiling within a dozen of them.
-
 Caution never decides whether a request is refused: that stays on uninflated predictions, so caution changes
 which answer a request gets, not whether it gets one.
 """
@@ -40,7 +30,6 @@ which answer a request gets, not whether it gets one.
 from __future__ import annotations
 
 import math
-import time
 
 TARGET_LATE = 0.01  # the share of auto's answers that may come late at equilibrium
 STEP = 0.25  # one late answer: the factor grows by a quarter
@@ -49,12 +38,7 @@ CEILING = 16.0  # the factor never exceeds this (it would then pick the fastest 
 
 class Caution:
     def __init__(
-        self,
-        target: float = TARGET_LATE,
-        step: float = STEP,
-        ceiling: float = CEILING,
-        slack_ms: float = 0.0,
-        recovery: bool = True,
+        self, target: float = TARGET_LATE, step: float = STEP, ceiling: float = CEILING, slack_ms: float = 0.0
     ) -> None:
         if not 0.0 < target < 1.0 or step <= 0.0 or ceiling < 1.0 or slack_ms < 0.0:
             raise ValueError("caution needs 0 < target < 1, step > 0, ceiling >= 1 and slack_ms >= 0")
@@ -62,26 +46,20 @@ class Caution:
         self._up = math.log1p(step)
         self._down = self._up * target / (1.0 - target)
         self._ceiling = math.log(ceiling)
-        self.recovery = recovery  # a late answer planned before the last rise does not raise it again
         self._log = 0.0  # log of the factor; updates race benignly (a lost update is one observation fewer)
-        self._raised = -math.inf  # time.monotonic() when the factor last rose
 
     @property
     def factor(self) -> float:
         return math.exp(self._log)
 
-    def answered(self, slack_ms: float, planned: float | None = None) -> None:
+    def answered(self, slack_ms: float) -> None:
         """One answer of `auto`, ready `slack_ms` before its deadline (negative: after it; -inf: it expired in the
-        queue), its request planned at `planned` (time.monotonic()): late when that is under the slack."""
-        self.observe(slack_ms < self.slack_ms, planned)
+        queue): late when that is under the slack."""
+        self.observe(slack_ms < self.slack_ms)
 
-    def observe(self, late: bool, planned: float | None = None) -> None:
-        """One answer of `auto`: late (after its deadline, or expired in the queue) or on time. A late one whose
-        request was planned before the factor last rose changes nothing (with `recovery`; None: planned now)."""
+    def observe(self, late: bool) -> None:
+        """One answer of `auto`: late (after its deadline, or expired in the queue) or on time."""
         if late:
-            if self.recovery and planned is not None and planned < self._raised:
-                return
             self._log = min(self._log + self._up, self._ceiling)
-            self._raised = time.monotonic()
         else:
             self._log = max(self._log - self._down, 0.0)

@@ -54,12 +54,6 @@ class Settings(BaseSettings):
         "the server's clock (sending, the client reading) can still make it late at the client; 0: only answers "
         "late at the server count",
     )
-    auto_caution_recovery: bool = Field(
-        True,
-        description="a late answer of auto raises its caution and load restraint only if its request was planned after "
-        "they last rose, so that a stall that makes every answer in flight late counts once (service/caution.py); "
-        "off: each late answer counts",
-    )
     auto_utilization: float = Field(
         0.7,
         ge=0,

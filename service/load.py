@@ -81,11 +81,10 @@ class Budget:
             return math.inf
         return self.utilization / per_s * 1e3 / (self.restraint.factor if self.restraint is not None else 1.0)
 
-    def answered(self, slack_ms: float, planned: float | None = None) -> None:
-        """An answer of auto, ready `slack_ms` before its deadline (-inf: it expired in the queue), its request
-        planned at `planned` (time.monotonic(); see Caution.observe)."""
+    def answered(self, slack_ms: float) -> None:
+        """An answer of auto, ready `slack_ms` before its deadline (-inf: it expired in the queue)."""
         if self.restraint is not None:
-            self.restraint.answered(slack_ms, planned)
+            self.restraint.answered(slack_ms)
 
     def refused_for_the_queue(self) -> None:
         """A request of auto refused as infeasible that an empty queue would have let through."""

@@ -17,7 +17,6 @@ caution leaves no option, or only options less accurate than it, the most accura
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -78,7 +77,6 @@ class Plan:
     feasible: bool = True  # False: best-effort run of the fastest plan, the deadline cannot be met
     kind: PlanKind = PlanKind.RUNG
     members: list[str] = field(default_factory=list)  # a member cascade's rungs (its engines), an ensemble's
-    made: float = field(default_factory=time.monotonic)  # when it was planned (caution's recovery: Caution.observe)
 
 
 @dataclass
@@ -228,9 +226,9 @@ class Planner:
         expired before it could run)."""
         if plan.policy is Policy.AUTO:
             if self.caution is not None:
-                self.caution.answered(slack_ms, plan.made)
+                self.caution.answered(slack_ms)
             if self.budget is not None:
-                self.budget.answered(slack_ms, plan.made)
+                self.budget.answered(slack_ms)
 
     def _table(self) -> Kept:
         """The options' predicted steps (`_steps`), auto's choices and their bounds (`_best_within`) for the

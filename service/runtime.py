@@ -53,15 +53,10 @@ class Runtime:
             r.name: r for r in [*self.ladder.stages, *self.ladder.rungs, *self.ladder.ensembles]
         }
         self.predictor = LatencyPredictor(list(self.records.values()), settings.observed_window)
-        recovery = settings.auto_caution_recovery
-        caution = Caution(slack_ms=settings.auto_caution_slack_ms, recovery=recovery) if settings.auto_caution else None
+        caution = Caution(slack_ms=settings.auto_caution_slack_ms) if settings.auto_caution else None
         budget = None
         if settings.auto_utilization > 0:
-            restraint = (
-                Caution(slack_ms=settings.auto_caution_slack_ms, recovery=recovery)
-                if settings.auto_load_restraint
-                else None
-            )
+            restraint = Caution(slack_ms=settings.auto_caution_slack_ms) if settings.auto_load_restraint else None
             budget = Budget(settings.auto_utilization, restraint=restraint)
         self.planner = Planner(
             self.ladder,

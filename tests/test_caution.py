@@ -49,36 +49,6 @@ def test_caution_settles_where_the_target_share_of_answers_is_late(late_share: f
     assert (caution.factor < 1.5) if late_share < 0.01 else (caution.factor > 8.0)
 
 
-def test_late_answers_planned_before_caution_last_rose_count_once_unless_recovery_is_off() -> None:
-    """A stall makes every answer in flight late at once: those planned before the factor rose do not raise it again
-    (TCP's one cut per round trip); a late answer planned after the rise does, and on-time answers count as ever."""
-    for recovery, expected in ((True, 1.25), (False, 1.25**4)):
-        caution = Caution(target=0.01, step=0.25, ceiling=16.0, recovery=recovery)
-        in_flight = [time.monotonic() for _ in range(4)]  # four requests planned before the stall
-        for planned in in_flight:
-            caution.answered(-3.0, planned)  # all four late
-        assert caution.factor == pytest.approx(expected)
-    caution = Caution(step=0.25, recovery=True)
-    before = time.monotonic()
-    caution.observe(True, before)
-    caution.observe(True, before)  # planned before the rise: no second rise
-    assert caution.factor == pytest.approx(1.25)
-    caution.observe(True, time.monotonic())  # planned after it: the factor rises again
-    assert caution.factor == pytest.approx(1.25**2)
-    caution.observe(True)  # no plan time (a refusal for the queue ahead: decided now) always counts
-    assert caution.factor == pytest.approx(1.25**3)
-    caution.observe(False, before)  # an on-time answer lowers it whenever it was planned
-    assert caution.factor < 1.25**3
-    ladder = _auto_ladder()  # through the planner: each plan carries when it was made
-    planner = Planner(ladder, LatencyPredictor([*ladder.stages, *ladder.rungs]), 1.0, caution=Caution(step=1.0))
-    stalled = [Plan(Policy.AUTO, "fast", ["fast"]) for _ in range(3)]  # three requests planned, then a stall
-    for plan in stalled:
-        planner.observe(plan, -2.0)
-    assert planner.factor(Policy.AUTO) == pytest.approx(2.0)
-    planner.observe(Plan(Policy.AUTO, "fast", ["fast"]), -2.0)  # planned after the rise
-    assert planner.factor(Policy.AUTO) == pytest.approx(4.0)
-
-
 def test_caution_refuses_settings_that_cannot_work() -> None:
     for kwargs in ({"target": 0.0}, {"target": 1.0}, {"step": 0.0}, {"ceiling": 0.5}):
         with pytest.raises(ValueError, match="caution needs"):
@@ -186,20 +156,17 @@ def test_an_answer_ready_within_the_slack_counts_as_late_for_caution() -> None:
     ladder = _auto_ladder()
     predictor = LatencyPredictor([*ladder.stages, *ladder.rungs])
     near = Planner(ladder, predictor, margin_ms=1.0, caution=Caution(step=1.0, slack_ms=0.5))
-
-    def plan() -> Plan:  # each answer's request planned afresh (after any rise: Caution.observe)
-        return Plan(Policy.AUTO, "fast", ["fast"])
-
-    near.observe(plan(), 0.6)  # 0.6 ms to spare: on time
+    plan = Plan(Policy.AUTO, "fast", ["fast"])
+    near.observe(plan, 0.6)  # 0.6 ms to spare: on time
     assert near.factor(Policy.AUTO) == 1.0
-    near.observe(plan(), 0.4)  # ready 0.4 ms before the deadline: within the slack, a near miss
+    near.observe(plan, 0.4)  # ready 0.4 ms before the deadline: within the slack, a near miss
     assert near.factor(Policy.AUTO) == pytest.approx(2.0)
-    near.observe(plan(), -math.inf)  # expired in the queue
+    near.observe(plan, -math.inf)  # expired in the queue
     assert near.factor(Policy.AUTO) == pytest.approx(4.0)
     bare = Planner(ladder, predictor, margin_ms=1.0, caution=Caution(step=1.0, slack_ms=0.0))
-    bare.observe(plan(), 0.4)  # without a slack only answers late at the server count
+    bare.observe(plan, 0.4)  # without a slack only answers late at the server count
     assert bare.factor(Policy.AUTO) == 1.0
-    bare.observe(plan(), -0.1)
+    bare.observe(plan, -0.1)
     assert bare.factor(Policy.AUTO) == pytest.approx(2.0)
 
 
@@ -267,11 +234,3 @@ def test_auto_answers_move_caution_where_they_are_sent(ladder_dir: Path, fmnist:
         families = text_string_to_metric_families(client.get("/metrics").text)
         gauges = {f.name: f.samples[0].value for f in families if f.samples}
         assert gauges["anytime_auto_caution"] == pytest.approx(2 ** (5 / 3))
-
-
-@pytest.mark.parametrize("recovery", [True, False])
-def test_the_recovery_setting_reaches_caution_and_the_load_restraint(ladder_dir: Path, recovery: bool) -> None:
-    """ANYTIME_AUTO_CAUTION_RECOVERY (the sweep's auto-every-late column turns it off) sets both controllers."""
-    planner = create_app(Settings(ladder=ladder_dir, auto_caution_recovery=recovery)).state.runtime.planner
-    assert planner.caution is not None and planner.budget is not None and planner.budget.restraint is not None
-    assert planner.caution.recovery is recovery and planner.budget.restraint.recovery is recovery

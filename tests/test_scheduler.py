@@ -739,14 +739,11 @@ def test_auto_s_load_budget_shrinks_after_late_answers_and_queue_refusals_and_wi
         return planner.plan(Policy.AUTO, 50.0, 0.0, OnInfeasible.REJECT).name
 
     assert auto() == "members"
-
-    def late() -> Plan:  # each answer's request planned afresh (after any rise: Caution.observe)
-        return Plan(Policy.AUTO, "members", ["m1", "m2"], [0.5], kind=PlanKind.MEMBERS)
-
+    late = Plan(Policy.AUTO, "members", ["m1", "m2"], [0.5], kind=PlanKind.MEMBERS)
     planner.observe(Plan(Policy.FIXED, "slow", ["slow"]), -5.0)  # not auto's: no restraint
     assert restraint.factor == 1.0
-    planner.observe(late(), -0.2)
-    planner.observe(late(), -math.inf)  # expired in the queue
+    planner.observe(late, -0.2)
+    planner.observe(late, -math.inf)  # expired in the queue
     assert restraint.factor == pytest.approx(4.0) and auto() == "members"  # 1.75 ms a request: 1.4 is within it
     with pytest.raises(DeadlineInfeasible):
         planner.plan(Policy.AUTO, 1.5, 0.0, OnInfeasible.REJECT)  # fast's 1.1 ms + margin 1.0: the deadline's fault
@@ -755,7 +752,7 @@ def test_auto_s_load_budget_shrinks_after_late_answers_and_queue_refusals_and_wi
         planner.plan(Policy.AUTO, 2.5, 5.0, OnInfeasible.REJECT)  # 2.1 ms would fit without the 5 ms queue
     assert restraint.factor == pytest.approx(8.0) and auto() == "fast"  # 0.875 ms: the cheapest answers
     for _ in range(100):  # each on-time answer divides the factor by 2 ** (1 / 99)
-        planner.observe(late(), 5.0)
+        planner.observe(late, 5.0)
     assert restraint.factor == pytest.approx(8.0 / 2 ** (100 / 99)) and auto() == "members"
 
 
