@@ -80,19 +80,29 @@ def test_tight_deadline_gets_a_fast_rung_on_time(
     plan = planner.plan(Policy.STATIC, best.profile(1).p99_ms + margin - 0.01, 0.0, OnInfeasible.REJECT)
     assert {r.name: r for r in candidates}[plan.name].profile(1).p99_ms < best.profile(1).p99_ms
     # Over HTTP: at the tightest deadline the fastest rung meets, answers come on time from rungs that fit it.
-    # That deadline is its p99, the margin, and the time a request spends on this server outside the engine
-    # (parse, decode, plan, the hand-offs to the worker and back: the answer's `latency_ms` less the `run`
-    # phase of its Server-Timing; plans allow for all of it), measured here: the most of 20 loose requests.
+    # That deadline is what the server says the fastest plan needs now (its refusal of a 1 ms deadline names it:
+    # queue, engine and margin, on its live estimates, which on a busy machine exceed the ladder's profile, which
+    # may have been taken on another machine: a cached tiny ladder), plus the time a request spends on this
+    # server before it is planned (parse, decode: the answer's `latency_ms` less the `run` phase of its
+    # Server-Timing, an upper bound), measured here: the most of 20 loose requests. Asked before each request,
+    # since every answer adds to the estimates.
     fastest = min(candidates, key=lambda r: r.profile(1).p99_ms)
     loose = [_classify(client, test_images[0][i], 5000, policy="fixed", rung=fastest.name) for i in range(20)]
     path_ms = max(r.json()["latency_ms"] - _phase_ms(r, "run") for r in loose)
-    deadline = fastest.profile(1).p99_ms + margin + path_ms
-    answered = [_classify(client, test_images[0][i], deadline, policy="static") for i in range(20)]
+    answered = []
+    for i in range(20):
+        probe = _classify(client, test_images[0][i], 1, policy="static")
+        assert probe.status_code == 503 and probe.json()["code"] == "deadline_infeasible", probe.json()
+        deadline = probe.json()["fastest_ms"] + path_ms
+        answered.append(_classify(client, test_images[0][i], deadline, policy="static"))
     ok = [r.json() for r in answered if r.status_code == 200]
     assert len(ok) >= 17, [r.json() for r in answered if r.status_code != 200][:3]
-    assert all(b["deadline_met"] and b["latency_ms"] <= deadline for b in ok)
-    fit = {r.name for r in candidates if r.profile(1).p99_ms + margin <= deadline}
-    assert {b["rung"] for b in ok} <= fit
+    assert all(b["deadline_met"] and b["latency_ms"] <= b["deadline_ms"] for b in ok)
+    # The fastest rung, or one whose profile fits (a rung the server has not run lately is planned on its profile,
+    # scaled by the machine's slowdown, never below 1).
+    profiled = {r.name: r.profile(1).p99_ms for r in candidates}
+    fit = [b["rung"] == fastest.name or profiled[b["rung"]] + margin <= b["deadline_ms"] for b in ok]
+    assert all(fit), [(b["rung"], b["deadline_ms"]) for b in ok]
 
 
 def test_impossible_deadline_is_refused_at_once(
