@@ -111,11 +111,13 @@ def test_impossible_deadline_is_refused_at_once(
 ) -> None:
     slowest = max(ladder.rungs, key=lambda r: r.profile(1).p99_ms)
     assert slowest.profile(1).p99_ms + MARGIN_MS > 1  # no plan for it fits in 1 ms
-    start = time.perf_counter()
     response = _classify(client, test_images[0][0], 1, policy="fixed", rung=slowest.name)
-    elapsed_ms = (time.perf_counter() - start) * 1e3
     assert response.status_code == 503 and response.json()["code"] == "deadline_infeasible"
-    assert response.json()["fastest_ms"] > 1 and elapsed_ms < 50
+    assert response.json()["fastest_ms"] > 1
+    # At once: refused as soon as its options were read, before its image was decoded or any engine ran (its
+    # Server-Timing phases; a bound in ms would be a guess on a machine that stalls for 100 ms at a time).
+    phases = [part.split(";")[0].strip() for part in response.headers["server-timing"].split(",")]
+    assert phases == ["loop", "receive", "parse", "validate", "app"], phases
 
 
 def test_best_effort_answers_late_and_says_so(
