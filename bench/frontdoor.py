@@ -53,7 +53,7 @@ from engines.manifest import Ladder, Rung, load_ladder
 from loadtest.baseline import running_baseline
 from loadtest.client import WARM_CONNECTIONS, LoadConfig, run_load
 from loadtest.harness import png_base64, running_server
-from loadtest.http import BlockingConnection
+from loadtest.http import BlockingConnection, server_timing
 from loadtest.schedule import DeadlineMix
 from loadtest.steadiness import measure as measure_steadiness
 from loadtest.summary import Record
@@ -107,20 +107,12 @@ class Series:
                 if "latency_ms" in body:
                     self.server_ms.append(body["latency_ms"])
                 if "server-timing" in headers:
-                    self.phases.append(_server_timing(headers["server-timing"]))
+                    self.phases.append(server_timing(headers["server-timing"]))
         finally:
             conn.close()
 
     def p(self, q: float, values: list[float] | None = None) -> float:
         return float(np.percentile(self.client_ms if values is None else values, q))
-
-
-def _server_timing(value: str) -> dict[str, float]:
-    out = {}
-    for part in value.split(","):
-        name, _, dur = part.strip().partition(";dur=")
-        out[name] = float(dur)
-    return out
 
 
 def _json_requests(conn_url: str, pngs: list[str], **options: Any) -> list[bytes]:

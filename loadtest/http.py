@@ -24,6 +24,15 @@ from models.compat import timeout
 TRANSPORT_ERRORS = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)
 
 
+def server_timing(value: str) -> dict[str, float]:
+    """A `Server-Timing` header (`name;dur=ms, ...`, as service/timing.py writes it): each name's ms, in order."""
+    phases = {}
+    for part in value.split(","):
+        name, _, ms = part.strip().partition(";dur=")
+        phases[name] = float(ms)
+    return phases
+
+
 @dataclass
 class Response:
     status: int

@@ -30,6 +30,7 @@ from PIL import Image
 from engines.base import entropy
 from engines.ensemble import soft_vote
 from engines.manifest import Ladder, Rung
+from loadtest.http import server_timing
 from service import admission
 from service.app import create_app
 from service.config import Settings
@@ -165,8 +166,7 @@ def _metric(runtime: Runtime, name: str, **labels: str) -> float:
 
 
 def _timing(reply: Reply) -> dict[str, float]:
-    parts = (p.split(";dur=") for p in reply.headers["server-timing"].split(", "))
-    return {name: float(ms) for name, ms in parts}
+    return server_timing(reply.headers["server-timing"])
 
 
 def _served(ladder_dir: Path, **settings: Any) -> FastAPI:

@@ -21,6 +21,7 @@ from engines.base import entropy
 from engines.factory import open_engine
 from engines.manifest import Ladder
 from loadtest.harness import png_base64, running_server
+from loadtest.http import server_timing
 from models.data import FashionMNIST
 from service.app import create_app
 from service.config import Settings
@@ -54,9 +55,7 @@ def _classify(client: httpx.Client, image: np.ndarray, deadline_ms: float, **opt
 
 def _phases(response: httpx.Response) -> dict[str, float]:
     """The answer's Server-Timing: each phase's ms, in the order the server gave them."""
-    return {
-        k: float(v) for k, v in (part.strip().split(";dur=") for part in response.headers["server-timing"].split(","))
-    }
+    return server_timing(response.headers["server-timing"])
 
 
 def _phase_ms(response: httpx.Response, phase: str) -> float:
