@@ -43,7 +43,7 @@ from service.runtime import Runtime
 from service.scheduler import Job
 from service.schemas import ClassifyOptions
 from service.server import LoopLag
-from service.timing import PHASES, PathTime
+from service.timing import PHASES, Clock, PathTime
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -1005,6 +1005,44 @@ def test_latency_and_queue_time_are_reported_in_ms_from_arrival(app: FastAPI) ->
     after = time.monotonic()
     assert late.value.code == "deadline_expired"
     assert (before - job.deadline) * 1e3 - 5e-4 <= late.value.extra["late_ms"] <= (after - job.deadline) * 1e3 + 5e-4
+
+
+def test_an_answer_is_counted_once_written_and_a_failed_batch_counts_the_images_answered_before(app: FastAPI) -> None:
+    """`_encode` leaves an answer's bookkeeping to the function it returns (run once the response is written): until
+    it runs nothing is counted; a batch whose second image failed answers that error and still counts its first."""
+    runtime: Runtime = app.state.runtime
+    arrival = time.monotonic()
+    plan = Plan(Policy.FIXED, EXIT3, [EXIT3])
+    options = ClassifyOptions(deadline_ms=60000, policy=Policy.FIXED, rung=EXIT3)
+    x = np.zeros((1, 1, 28, 28), np.float32)
+
+    def answered(name: str) -> Job:
+        job = Job(name, arrival, arrival + 60.0, x, plan, lambda _: None)
+        job.logits, job.started, job.step = np.zeros((1, len(runtime.ladder.class_names)), np.float32), arrival, 1
+        return job
+
+    def counts() -> tuple[float, ...]:
+        return (
+            _metric(runtime, "anytime_requests_total", policy="fixed", rung=EXIT3, outcome="ok"),
+            _metric(runtime, "anytime_requests_total", policy="fixed", rung=EXIT3, outcome="queue_full"),
+            _metric(runtime, "anytime_latency_ms_count"),
+            _metric(runtime, "anytime_phase_ms_count", phase="encode"),
+        )
+
+    ok, full, latency, encode = counts()
+    reply = classify._encode(runtime, [answered("one")], [False], options, Clock(arrival), batch=False)
+    assert reply is not None and reply[0] == 200 and reply[3] is not None
+    assert counts() == (ok, full, latency, encode)  # nothing yet: the client does not wait for it
+    reply[3]()
+    assert counts() == (ok + 1, full, latency + 1, encode + 1)
+
+    failed = answered("two")
+    failed.error = QueueFull("full")
+    reply = classify._encode(runtime, [answered("one"), failed], [False, False], options, Clock(arrival), batch=True)
+    assert reply is not None and reply[0] == 429 and reply[3] is not None
+    assert counts() == (ok + 1, full + 1, latency + 1, encode + 1)  # the error is counted at once
+    reply[3]()
+    assert counts() == (ok + 2, full + 1, latency + 2, encode + 1)  # the image answered before it; no phases
 
 
 # -- health, the ladder, the OpenAPI document ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -52,7 +53,8 @@ from service.scheduler import Job
 from service.schemas import ClassifyOptions
 from service.timing import Clock, PathTime
 
-Answer = tuple[int, bytes, list[tuple[bytes, bytes]]] | None  # status, JSON body, headers; None: client gone
+# Status, JSON body, headers, and the answer's bookkeeping to do once it is sent (or None); None: the client is gone
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]], Callable[[], None] | None] | None
 
 
 class ClassifyApp:
@@ -68,11 +70,15 @@ class ClassifyApp:
             answer = await _handle(scope, receive, self.batch)
             if answer is None:  # the client left: there is no one to answer
                 return
-            status, body, headers = answer
+            status, body, headers, account = answer
             head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
             head.append((b"x-request-id", scope["state"]["request_id"].encode()))
-            await send({"type": "http.response.start", "status": status, "headers": head})
-            await send({"type": "http.response.body", "body": body})
+            try:
+                await send({"type": "http.response.start", "status": status, "headers": head})
+                await send({"type": "http.response.body", "body": body})
+            finally:
+                if account is not None:  # after the answer is written: the client does not wait for it (_account)
+                    account()
         finally:
             runtime.in_flight -= 1
 
@@ -260,17 +266,20 @@ def _time_jobs(clock: Clock, jobs: list[Job], path: PathTime, planned: float) ->
 def _encode(
     runtime: Runtime, jobs: list[Job], resized: list[bool], options: ClassifyOptions, clock: Clock, batch: bool
 ) -> Answer:
+    answers: list[dict[str, Any]] = []
     try:
-        answers = [_answer(runtime, job, options, r) for job, r in zip(jobs, resized, strict=True)]
-    except ApiError as e:
-        return _error(e, clock)
+        for job, r in zip(jobs, resized, strict=True):
+            answers.append(_answer(runtime, job, options, r))
+    except ApiError as e:  # a batch's images answered before the one that failed still count
+        return _error(e, clock, lambda: _account(runtime, jobs, answers, options))
     body = orjson.dumps({"results": answers} if batch else answers[0])
     clock.lap("encode")
-    runtime.metrics.phases.observe(clock.ms)
-    return 200, body, [(b"server-timing", clock.server_timing())]
+    timing = [(b"server-timing", clock.server_timing())]
+    return 200, body, timing, lambda: _account(runtime, jobs, answers, options, clock)
 
 
 def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool) -> dict[str, Any]:
+    """One job's answer, or its error (raised, and counted at once); an answer is counted by `_account`."""
     metrics = runtime.metrics
     if job.error is not None:
         metrics.outcome(options.policy, job.plan.name, job.error.code).inc()
@@ -279,15 +288,12 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
     now = time.monotonic()
     latency, met = (now - job.arrival) * 1e3, now <= job.deadline
     queue_ms = (job.started - job.arrival) * 1e3
-    metrics.latency.observe(latency)
-    metrics.queue.observe(queue_ms)
-    runtime.planner.observe(job.plan, (job.deadline - now) * 1e3)
-    if not met:
+    if not met and not job.best_effort:  # only a best-effort client takes a late answer
+        _observe(runtime, job, latency, queue_ms, (job.deadline - now) * 1e3)
         metrics.deadline_misses.inc()
-        if not job.best_effort:  # only a best-effort client takes a late answer
-            metrics.outcome(options.policy, job.plan.name, DeadlineExpired.code).inc()
-            late_ms = round((now - job.deadline) * 1e3, 3)
-            raise DeadlineExpired(f"the answer was ready {late_ms} ms after the deadline", late_ms=late_ms)
+        metrics.outcome(options.policy, job.plan.name, DeadlineExpired.code).inc()
+        late_ms = round((now - job.deadline) * 1e3, 3)
+        raise DeadlineExpired(f"the answer was ready {late_ms} ms after the deadline", late_ms=late_ms)
     probs, entropy = row_softmax(job.logits[0].tolist())
     if options.top_k == 1:
         order = [probs.index(max(probs))]
@@ -296,8 +302,6 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
     names = runtime.ladder.class_names
     record = runtime.records[job.plan.engines[job.step - 1]]
     exit_k, members = _exit_and_members(job, record)
-    metrics.outcome(options.policy, job.plan.name, "ok" if met else "late").inc()
-    metrics.exit(exit_k).inc()
     return {
         "request_id": job.id,
         "label": order[0],
@@ -321,6 +325,39 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
     }
 
 
+def _account(
+    runtime: Runtime,
+    jobs: list[Job],
+    answers: list[dict[str, Any]],
+    options: ClassifyOptions,
+    clock: Clock | None = None,
+) -> None:
+    """The served answers' bookkeeping: metrics, and the planner's feedback on how close to its deadline each came.
+
+    Called once the answer is written, so that the client does not wait for it. Side by side at concurrency 1 (the code
+    before and after, one server each, fixed exit 1 INT8, four runs; docs/measurements.md, "Answer first, count after"):
+    the client's time beyond the answer's `latency_ms` was 0.014-0.058 ms less at the median in all 8 comparisons (JSON
+    and PNG bodies). The event loop does it before it reads another request, so /metrics and the next plan see it as
+    before."""
+    metrics = runtime.metrics
+    for job, answer in zip(jobs, answers, strict=False):  # strict=False: a failed batch's answers stop short
+        met = answer["deadline_met"]
+        _observe(runtime, job, answer["latency_ms"], answer["queue_ms"], answer["deadline_ms"] - answer["latency_ms"])
+        if not met:
+            metrics.deadline_misses.inc()
+        metrics.outcome(options.policy, job.plan.name, "ok" if met else "late").inc()
+        metrics.exit(answer["exit"]).inc()
+    if clock is not None:
+        metrics.phases.observe(clock.ms)
+
+
+def _observe(runtime: Runtime, job: Job, latency_ms: float, queue_ms: float, slack_ms: float) -> None:
+    """An answer that was ready (on time or not): its latency, its queueing, and the planner's feedback."""
+    runtime.metrics.latency.observe(latency_ms)
+    runtime.metrics.queue.observe(queue_ms)
+    runtime.planner.observe(job.plan, slack_ms)
+
+
 def _exit_and_members(job: Job, record: EngineRecord) -> tuple[int, list[str]]:
     """The exit that answered (0: a combination of several models) and the models combined."""
     if job.plan.kind is PlanKind.MEMBERS:
@@ -342,6 +379,6 @@ def _count(runtime: Runtime, options: ClassifyOptions | None, code: str) -> None
     runtime.metrics.outcome(options.policy, rung if known else "unknown", code).inc()
 
 
-def _error(e: ApiError, clock: Clock) -> Answer:
+def _error(e: ApiError, clock: Clock, account: Callable[[], None] | None = None) -> Answer:
     headers = [(k.lower().encode(), v.encode()) for k, v in e.headers.items()]
-    return e.status, orjson.dumps(e.body()), [*headers, (b"server-timing", clock.server_timing())]
+    return e.status, orjson.dumps(e.body()), [*headers, (b"server-timing", clock.server_timing())], account
