@@ -1,9 +1,10 @@
-"""POST /v1/classify and /v1/classify/batch: admit -> read -> parse -> plan -> decode -> run -> encode.
+"""POST /v1/classify and /v1/classify/batch: admit, read, parse, plan, decode, run, encode, write, count.
 
 The hot path is kept small and measured (service/timing.py). Work that cannot be done in time is refused
 as early as possible: readiness, shutdown and queue room before the body is read; the plan before the
 body is read when the options are all in the query string and headers (binary bodies), else right after
-parsing and before any image is decoded. A client that leaves is counted and answered with nothing.
+parsing and before any image is decoded. A client that leaves is counted and answered with nothing. An
+answer's metrics and the planner's feedback on it are counted once it is written (`_account`).
 
 Both routes are plain ASGI apps mounted as Starlette routes of the FastAPI app: measured on this
 repository's 2-vCPU machine (uvloop + httptools, one keep-alive client), a FastAPI path operation cost
