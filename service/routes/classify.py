@@ -290,8 +290,7 @@ def _answer(runtime: Runtime, job: Job, options: ClassifyOptions, resized: bool)
     latency, met = (now - job.arrival) * 1e3, now <= job.deadline
     queue_ms = (job.started - job.arrival) * 1e3
     if not met and not job.best_effort:  # only a best-effort client takes a late answer
-        _observe(runtime, job, latency, queue_ms, (job.deadline - now) * 1e3)
-        metrics.deadline_misses.inc()
+        _observe(runtime, job, latency, queue_ms, (job.deadline - now) * 1e3, met)
         metrics.outcome(options.policy, job.plan.name, DeadlineExpired.code).inc()
         late_ms = round((now - job.deadline) * 1e3, 3)
         raise DeadlineExpired(f"the answer was ready {late_ms} ms after the deadline", late_ms=late_ms)
@@ -343,19 +342,20 @@ def _account(
     metrics = runtime.metrics
     for job, answer in zip(jobs, answers, strict=False):  # strict=False: a failed batch's answers stop short
         met = answer["deadline_met"]
-        _observe(runtime, job, answer["latency_ms"], answer["queue_ms"], answer["deadline_ms"] - answer["latency_ms"])
-        if not met:
-            metrics.deadline_misses.inc()
+        slack_ms = answer["deadline_ms"] - answer["latency_ms"]
+        _observe(runtime, job, answer["latency_ms"], answer["queue_ms"], slack_ms, met)
         metrics.outcome(options.policy, job.plan.name, "ok" if met else "late").inc()
         metrics.exit(answer["exit"]).inc()
     if clock is not None:
         metrics.phases.observe(clock.ms)
 
 
-def _observe(runtime: Runtime, job: Job, latency_ms: float, queue_ms: float, slack_ms: float) -> None:
-    """An answer that was ready (on time or not): its latency, its queueing, and the planner's feedback."""
+def _observe(runtime: Runtime, job: Job, latency_ms: float, queue_ms: float, slack_ms: float, met: bool) -> None:
+    """An answer that was ready (on time or not): its latency, its queueing, a miss, and the planner's feedback."""
     runtime.metrics.latency.observe(latency_ms)
     runtime.metrics.queue.observe(queue_ms)
+    if not met:
+        runtime.metrics.deadline_misses.inc()
     runtime.planner.observe(job.plan, slack_ms)
 
 
