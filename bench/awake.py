@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from bench.frontdoor import Loader, _json_requests, pick_rungs
+from bench.frontdoor import Loader, json_requests, pick_rungs
 from engines.factory import open_engine
 from engines.manifest import load_ladder
 from loadtest.baseline import running_baseline
@@ -95,8 +95,8 @@ def main() -> None:
     with running_server(args.ladder) as anytime, running_baseline(args.ladder, rung.name) as plain:
         fixed = {"deadline_ms": 1000, "policy": "fixed", "rung": rung.name}
         requests = {
-            "anytime": _json_requests(anytime, pngs, **fixed),
-            "plain": _json_requests(plain, pngs, deadline_ms=1000),
+            "anytime": json_requests(anytime, pngs, **fixed),
+            "plain": json_requests(plain, pngs, deadline_ms=1000),
         }
         conns = {"anytime": BlockingConnection(anytime), "plain": BlockingConnection(plain)}
         engine = open_engine(rung.backend, args.ladder / rung.artifact.path, rung.precision, ladder.threads)
@@ -104,7 +104,7 @@ def main() -> None:
             for name, conn in conns.items():
                 conn.send(requests[name][i % len(pngs)])
             engine.run(inputs[i % len(inputs)][None])
-        tight_requests = {d: _json_requests(anytime, pngs, deadline_ms=d) for d in TIGHT_MS}
+        tight_requests = {d: json_requests(anytime, pngs, deadline_ms=d) for d in TIGHT_MS}
         for mode in alternating(awake, args.rounds):
             for gap in GAPS_MS:
                 for name, conn in conns.items():

@@ -115,13 +115,13 @@ class Series:
         return float(np.percentile(self.client_ms if values is None else values, q))
 
 
-def _json_requests(conn_url: str, pngs: list[str], **options: Any) -> list[bytes]:
+def json_requests(conn_url: str, pngs: list[str], **options: Any) -> list[bytes]:
     conn = BlockingConnection(conn_url)
     conn.close()
     return [conn.request("POST", "/v1/classify", json.dumps({"image": p, **options}).encode()) for p in pngs]
 
 
-def _binary_requests(url: str, bodies: list[bytes], media: str, **query: Any) -> list[bytes]:
+def binary_requests(url: str, bodies: list[bytes], media: str, **query: Any) -> list[bytes]:
     conn = BlockingConnection(url)
     conn.close()
     path = "/v1/classify?" + urllib.parse.urlencode(query)
@@ -159,30 +159,30 @@ def concurrency_one(
             "floor": Series(
                 "floor: bare FastAPI constant endpoint",
                 urls["floor"],
-                _json_requests(urls["floor"], pngs, deadline_ms=1000),
+                json_requests(urls["floor"], pngs, deadline_ms=1000),
             ),
             "plain": Series(
                 "plain FastAPI + ONNX Runtime, JSON/base64",
                 urls[f"plain:{rung.name}"],
-                _json_requests(urls[f"plain:{rung.name}"], pngs, deadline_ms=1000),
+                json_requests(urls[f"plain:{rung.name}"], pngs, deadline_ms=1000),
             ),
             "lean": Series(
                 "lean reference: async, orjson, inline, JSON",
                 urls[f"lean:{rung.name}"],
-                _json_requests(urls[f"lean:{rung.name}"], pngs, deadline_ms=1000),
+                json_requests(urls[f"lean:{rung.name}"], pngs, deadline_ms=1000),
             ),
             "json": Series(
-                "Anytime fixed, JSON/base64", urls["anytime"], _json_requests(urls["anytime"], pngs, **fixed)
+                "Anytime fixed, JSON/base64", urls["anytime"], json_requests(urls["anytime"], pngs, **fixed)
             ),
             "png": Series(
                 "Anytime fixed, binary PNG body",
                 urls["anytime"],
-                _binary_requests(urls["anytime"], raw_pngs, "image/png", **fixed),
+                binary_requests(urls["anytime"], raw_pngs, "image/png", **fixed),
             ),
             "tensor": Series(
                 "Anytime fixed, uint8 tensor body",
                 urls["anytime"],
-                _binary_requests(
+                binary_requests(
                     urls["anytime"],
                     [im.tobytes() for im in images],
                     "application/x-tensor",
@@ -197,7 +197,7 @@ def concurrency_one(
     default_loose = Series(
         "Anytime default policy, deadline 1000 ms",
         urls["anytime"],
-        _json_requests(urls["anytime"], pngs, deadline_ms=1000),
+        json_requests(urls["anytime"], pngs, deadline_ms=1000),
     )
     series.append(default_loose)
     for _ in range(rounds):  # interleaved: a slow spell of the machine hits every configuration alike
@@ -209,7 +209,7 @@ def concurrency_one(
     tight = Series(
         "Anytime default policy, deadline 2 ms",
         urls["anytime"],
-        _json_requests(urls["anytime"], pngs[:TIGHT_REQUESTS], deadline_ms=TIGHT_DEADLINE_MS),
+        json_requests(urls["anytime"], pngs[:TIGHT_REQUESTS], deadline_ms=TIGHT_DEADLINE_MS),
     )
     tight.run(TIGHT_REQUESTS)
     for role, rung in pick_rungs(ladder).items():

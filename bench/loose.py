@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bench.frontdoor import _json_requests, engine_ms
+from bench.frontdoor import engine_ms, json_requests
 from engines.manifest import Ladder, Rung, load_ladder
 from loadtest.baseline import running_baseline
 from loadtest.harness import png_base64, running_server
@@ -99,7 +99,7 @@ def main() -> None:
             "anytime": stack.enter_context(running_server(args.ladder)),
             "plain": stack.enter_context(running_baseline(args.ladder, fastest.name)),
         }
-        bodies = {c.label: _json_requests(urls[c.server], pngs, **c.options) for c in configs}
+        bodies = {c.label: json_requests(urls[c.server], pngs, **c.options) for c in configs}
 
         def run(c: Config, lo: int, hi: int) -> None:
             # A connection per chunk, opened before the clock starts: one left idle while the other server's

@@ -23,7 +23,7 @@ import io
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -187,11 +187,12 @@ def running_baseline(
     floor: bool = False,
     log: Path | None = None,
     lean: bool = False,
+    wrap: Sequence[str] = (),
 ) -> Iterator[str]:
     """Start the baseline (or the floor, or the lean reference) as its own process on a free loopback port; yields
-    its URL."""
+    its URL. `wrap`: a command it runs under (e.g. valgrind's, bench/instructions.py)."""
     port = free_port()
-    argv = [sys.executable, "-m", "loadtest.baseline", "--ladder", str(ladder_dir), "--port", str(port)]
+    argv = [*wrap, sys.executable, "-m", "loadtest.baseline", "--ladder", str(ladder_dir), "--port", str(port)]
     argv += (["--rung", rung] if rung else []) + (["--floor"] if floor else []) + (["--lean"] if lean else [])
     with running_process(argv, port, timeout_s, log_path=log) as url:
         yield url

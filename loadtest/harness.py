@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,13 +32,16 @@ def png_base64(image: np.ndarray) -> str:
 
 
 @contextmanager
-def running_server(ladder: Path, timeout_s: float = 120, log: Path | None = None, **env: str) -> Iterator[str]:
-    """Start the server, wait for /readyz 200, yield its base URL; always stops it. Its log goes to `log`."""
+def running_server(
+    ladder: Path, timeout_s: float = 120, log: Path | None = None, wrap: Sequence[str] = (), **env: str
+) -> Iterator[str]:
+    """Start the server, wait for /readyz 200, yield its base URL; always stops it. Its log goes to `log`.
+
+    `wrap`: a command the server runs under (e.g. valgrind's, bench/instructions.py)."""
     port = free_port()
     exe = Path(sys.executable).parent / "anytime"
-    with running_process(
-        [str(exe), "serve", "--ladder", str(ladder), "--port", str(port)], port, timeout_s, env, log
-    ) as url:
+    argv = [*wrap, sys.executable, str(exe), "serve", "--ladder", str(ladder), "--port", str(port)]
+    with running_process(argv, port, timeout_s, env, log) as url:
         yield url
 
 
