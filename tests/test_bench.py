@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import inline
+from bench import inline, instructions
 from bench.frontdoor import targets
+from engines.manifest import Ladder
 
 
 def test_bench_inline_times_both_paths_when_the_quickest_rung_is_over_the_inline_limit(
@@ -141,3 +143,44 @@ def test_frontdoor_grades_the_2ms_test_at_the_client() -> None:
     assert target.met is False and target.figure == "18 of 20 (20 on time by the server's clock)"
     old = _frontdoor_report(**{"concurrency_1.default_2ms": {"on_time": 19}})
     assert _verdicts(old)[key] is True
+
+
+def test_bench_instructions_reads_self_costs_by_shared_object_and_skips_a_callees_inclusive_cost(
+    tmp_path: Path,
+) -> None:
+    """Callgrind's format names an object once as `(id) name`, then `(id)` alone; the cost line after `calls=` is what
+    the callee cost in all (already counted as the callee's own self cost) and must not count twice."""
+    dump = tmp_path / "callgrind.1.out.1"
+    dump.write_text(
+        "version: 1\nevents: Ir\n"
+        "ob=(1) /usr/lib/libpython3.11.so.1.0\nfl=(1) ceval.c\nfn=(1) _PyEval_EvalFrameDefault\n10 100\n+2 50\n"
+        "cob=(2) /site-packages/onnxruntime/capi/onnxruntime_pybind11_state.so\ncfn=(2) Run\ncalls=1 0\n12 7000\n"
+        "ob=(2)\nfn=(2)\n0 7000\n"
+        "ob=(1)\nfn=(3) PyObject_Call\n* 25\n"
+        "ob=(3) /usr/lib/x86_64-linux-gnu/libz.so.1.2.13\nfn=(4) inflate\n0 300\n"
+        "\ntotals: 7475\n"
+    )
+    by_object = instructions.self_by_object(dump)
+    assert by_object == {
+        "/usr/lib/libpython3.11.so.1.0": 175,
+        "/site-packages/onnxruntime/capi/onnxruntime_pybind11_state.so": 7000,
+        "/usr/lib/x86_64-linux-gnu/libz.so.1.2.13": 300,
+    }
+    assert sum(by_object.values()) == instructions.total(dump)
+    assert [instructions.group(name) for name in by_object] == ["Python interpreter", "ONNX Runtime", "zlib (PNG)"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="needs valgrind")
+def test_bench_instructions_counts_a_real_engine_mostly_in_onnx_runtime_and_its_breakdown_adds_up(
+    ladder: Ladder, ladder_dir: Path, tmp_path: Path
+) -> None:
+    """A real engine in its own process under callgrind: zeroed, run, dumped and read; the figure is one window's, so
+    its breakdown by shared object adds up to it."""
+    rung = min(ladder.rungs, key=lambda r: r.profile(1).p50_ms)
+    cg = instructions.Callgrind(tmp_path / "engine")
+    with instructions.engine_loop(cg, ladder_dir, rung.name) as send:
+        counted = instructions.count(cg, send, 5, 2)
+    assert counted["instructions"] == min(counted["repeats"])
+    assert sum(counted["by_object"].values()) == pytest.approx(counted["instructions"], rel=1e-9)
+    assert counted["by_object"]["ONNX Runtime"] > counted["by_object"]["Python interpreter"] > 0
