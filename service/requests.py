@@ -9,7 +9,7 @@ file as the whole body (`image/png`, `image/jpeg`, `application/octet-stream`), 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -74,8 +74,9 @@ def read_head(scope: Mapping[str, Any], batch: bool) -> Head:
     return head
 
 
-async def read_body(receive: Receive, limit: int, timeout_s: float, on_timeout: ApiError) -> bytes:
-    """The whole body, at most `limit` bytes, within `timeout_s` once it is not all here at the first read."""
+async def read_body(receive: Receive, limit: int, time_limit: Callable[[], tuple[float, ApiError]]) -> bytes:
+    """The whole body, at most `limit` bytes. When it is not all here at the first read, `time_limit()` says how long
+    the rest may take and the error that answers it late (worked out only then: most bodies come in one read)."""
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientGone
@@ -85,6 +86,7 @@ async def read_body(receive: Receive, limit: int, timeout_s: float, on_timeout: 
             raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
         return body
     chunks, size = [body], len(body)
+    timeout_s, on_timeout = time_limit()
     try:
         async with timeout(timeout_s):
             while message.get("more_body", False):

@@ -19,6 +19,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -124,7 +125,7 @@ async def _handle(scope: Scope, receive: Receive, batch: bool) -> Answer:
         admitted = scope["state"].pop("admitted", None) or admit(runtime, scope, batch, clock.arrival)
         head, options, plan = admitted.head, admitted.options, admitted.plan
         planned, where = clock.arrival, "parser"  # planned with admission, as the request arrived (or below)
-        body = await read_body(receive, runtime.settings.max_body_bytes, *_body_limit(runtime, options, clock))
+        body = await read_body(receive, runtime.settings.max_body_bytes, partial(_body_limit, runtime, options, clock))
         clock.lap("receive")
         fields, items = await _parse(runtime, scope, head, body, batch)
         clock.lap("parse")
