@@ -280,9 +280,9 @@ def table(report: dict[str, Any]) -> str:
         lines.append(row)
     labels = [g for g, _ in GROUPS] + ["other"]
     lines += ["", "Where they go (instructions per request, self, by shared object)"]
-    lines.append(f"{'':<24}" + "".join(f"{n:>13}" for n in p))
+    lines.append(f"{'':<24}" + "".join(f"{n:>16}" for n in p))
     for g in labels:
-        lines.append(f"{g:<24}" + "".join(f"{v['by_object'].get(g, 0):>13,.0f}" for v in p.values()))
+        lines.append(f"{g:<24}" + "".join(f"{v['by_object'].get(g, 0):>16,.0f}" for v in p.values()))
     return "\n".join(lines)
 
 
