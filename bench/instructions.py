@@ -3,12 +3,13 @@
 Wall-clock figures on a shared VM move by 2x within an hour (bench/frontdoor.py prints the machine's steadiness
 beside them); a change of a few percent in the request path drowns in that. Instructions do not move: valgrind's
 callgrind counts each user-space instruction a process executes, the same count for the same work whatever else
-the machine is doing. Each process below runs under callgrind (its threads one at a time, about 50x slower, which
+the machine is doing. Each process below runs under callgrind (its threads one at a time, many times slower, which
 stretches its time but not its count) and gets requests from one keep-alive client here: a warm-up, then
 `--repeats` times: its counters zeroed, `--requests` requests, its counters dumped. A figure is the least over the
 repeats of instructions / requests, and its breakdown that window's: what runs beside the requests only adds (a
-thread of ONNX Runtime's that works in bursts, a full garbage collection, a thread pool starting: each moved a
-window of the bare engine's by 5-10 % here). The spread (max - min, over min) is printed beside it.
+thread of ONNX Runtime's that works in bursts, a full garbage collection, a thread pool starting). Here single
+windows counted up to 38 % more than a process's least (the floor's, which runs no model, up to 268 %), mostly the
+first two, after 30 warm-up requests or 100 alike. The spread (max - min, over min) is printed beside it.
 
 The processes, on the fastest single INT8 rung (or `--rung`): the floor (a bare FastAPI constant endpoint), the
 plain baseline and the lean reference (loadtest/baseline.py), Anytime fixed on the rung with a JSON/base64 body, a
@@ -20,8 +21,8 @@ Runtime, the Python interpreter, libc, zlib, ...), also as a plot.
 What it does not count: the kernel (system calls, the loopback TCP stack, waking a thread) and the cycles lost to
 cache misses and stalls, where much of a lone request's time goes (docs/measurements.md). Under valgrind, ONNX
 Runtime and NumPy see the CPU that valgrind emulates (AVX2, no AVX-512), so the engine's own count is not a native
-run's; it is the same engine in each process here. Needs valgrind (Debian: `apt-get install valgrind`); about
-10 minutes, most of it Anytime loading and warming its engines under valgrind.
+run's; it is the same engine in each process here. Needs valgrind (Debian: `apt-get install valgrind`); 13
+minutes here, most of it Anytime loading and warming its engines under valgrind.
 
     python -m bench.instructions [--ladder ladders/default] [--rung NAME] [--requests 100] [--repeats 5] \
         [--out reports/instructions]
@@ -50,7 +51,7 @@ from loadtest.harness import png_base64, running_server
 from loadtest.http import BlockingConnection
 from models.data import FashionMNIST, PreprocessSpec
 
-WARMUP = 100  # requests before the first counted window (the first after 30 still counted 5-40 % more)
+WARMUP = 100  # requests before the first counted window (the first windows may still count more: see the docstring)
 # Shared objects by what they do, in the order the table and the plot show them; the rest is "other".
 GROUPS = (
     ("ONNX Runtime", ("onnxruntime",)),
