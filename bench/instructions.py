@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from loadtest.harness import png_base64, running_server
 from loadtest.http import BlockingConnection
 from models.data import FashionMNIST, PreprocessSpec
 
+Send = Callable[[int], None]  # makes request i (or runs the bare engine once) and checks its answer
 WARMUP = 100  # requests before the first counted window (the first windows may still count more: see the docstring)
 # Shared objects by what they do, in the order the table and the plot show them; the rest is "other".
 GROUPS = (
@@ -142,11 +143,12 @@ class Callgrind:
         raise TimeoutError(f"callgrind wrote no dump for process {self.pid}")
 
 
-def count(cg: Callgrind, send: Any, n: int, repeats: int) -> dict[str, Any]:
+def count(cg: Callgrind, send: Send, n: int, repeats: int) -> dict[str, Any]:
     """`send(i)` makes request i; instructions per request over `repeats` windows of `n` requests."""
     for i in range(WARMUP):
         send(i)
-    per_request, dumps = [], []
+    per_request: list[float] = []
+    dumps: list[Path] = []
     for r in range(repeats):
         cg.zero()
         for i in range(n):
@@ -154,18 +156,18 @@ def count(cg: Callgrind, send: Any, n: int, repeats: int) -> dict[str, Any]:
         dumps.append(cg.dump())
         per_request.append(total(dumps[-1]) / n)
     least = min(per_request)
-    objects = Counter[str]()
+    objects: Counter[str] = Counter()
     for name, ir in self_by_object(dumps[per_request.index(least)]).items():
-        objects[group(name)] += ir / n
+        objects[group(name)] += ir
     return {
         "instructions": least,
         "spread": (max(per_request) - least) / least,
         "repeats": per_request,
-        "by_object": dict(objects.most_common()),
+        "by_object": {name: ir / n for name, ir in objects.most_common()},
     }
 
 
-def http_sender(url: str, requests: list[bytes]) -> tuple[Any, BlockingConnection]:
+def http_sender(url: str, requests: list[bytes]) -> tuple[Send, BlockingConnection]:
     conn = BlockingConnection(url, timeout_s=120)
 
     def send(i: int) -> None:
@@ -177,25 +179,34 @@ def http_sender(url: str, requests: list[bytes]) -> tuple[Any, BlockingConnectio
 
 
 @contextmanager
-def engine_loop(cg: Callgrind, ladder_dir: Path, rung: str) -> Iterator[Any]:
-    """The bare engine in its own process under callgrind: it runs n times for each line `n` it reads."""
+def engine_loop(cg: Callgrind, ladder_dir: Path, rung: str) -> Iterator[Send]:
+    """The bare engine in its own process under callgrind: it runs n times for each line `n` it reads, then says
+    `done` (its stderr, valgrind's included, goes to `engine.log` beside the counts)."""
     argv = [*cg.wrap, sys.executable, "-m", "bench.instructions", "--engine-loop", rung, "--ladder", str(ladder_dir)]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdin is not None and proc.stdout is not None
+    log = cg.folder / "engine.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+    stdin, stdout = proc.stdin, proc.stdout
+    assert stdin is not None and stdout is not None
     try:
-        if proc.stdout.readline().strip() != "ready":
-            raise RuntimeError("the engine loop did not start")
+        if stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the engine loop did not start; see {log}")
         cg.attach()
 
         def send(_: int) -> None:
-            proc.stdin.write("1\n")  # type: ignore[union-attr]
-            proc.stdin.flush()  # type: ignore[union-attr]
-            proc.stdout.readline()  # type: ignore[union-attr]
+            stdin.write("1\n")
+            stdin.flush()
+            if stdout.readline().strip() != "done":
+                raise RuntimeError(f"the engine loop stopped; see {log}")
 
         yield send
     finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
+        stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def serve_engine_loop(ladder_dir: Path, rung_name: str) -> None:
@@ -219,10 +230,10 @@ def measure(ladder_dir: Path, rung_name: str | None, n: int, repeats: int, out: 
     pngs = [png_base64(im) for im in images]
     fixed = {"deadline_ms": 60000, "policy": "fixed", "rung": rung.name}  # a deadline valgrind's pace cannot miss
     report: dict[str, Any] = {"rung": rung.name, "requests": n, "repeats": repeats, "processes": {}}
-    baselines = {"floor": {"floor": True}, "plain": {}, "lean": {"lean": True}}
-    for label, kind in baselines.items():
+    for label in ("floor", "plain", "lean"):
         cg = Callgrind(out / "callgrind" / label)
-        with running_baseline(ladder_dir, rung.name, timeout_s=600, wrap=cg.wrap, **kind) as url:
+        floor, lean = label == "floor", label == "lean"
+        with running_baseline(ladder_dir, rung.name, timeout_s=600, floor=floor, lean=lean, wrap=cg.wrap) as url:
             cg.attach()
             send, conn = http_sender(url, json_requests(url, pngs, deadline_ms=60000))
             report["processes"][label] = count(cg, send, n, repeats)
