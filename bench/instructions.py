@@ -21,7 +21,7 @@ Runtime, the Python interpreter, libc, zlib, ...), also as a plot.
 What it does not count: the kernel (system calls, the loopback TCP stack, waking a thread) and the cycles lost to
 cache misses and stalls, where much of a lone request's time goes (docs/measurements.md). Under valgrind, ONNX
 Runtime and NumPy see the CPU that valgrind emulates (AVX2, no AVX-512), so the engine's own count is not a native
-run's; it is the same engine in each process here. Needs valgrind (Debian: `apt-get install valgrind`); 13
+run's; it is the same engine in each process here. Needs valgrind (Debian: `apt-get install valgrind`); about 9
 minutes here, most of it Anytime loading and warming its engines under valgrind.
 
     python -m bench.instructions [--ladder ladders/default] [--rung NAME] [--requests 100] [--repeats 5] \
