@@ -25,7 +25,14 @@ run's; it is the same engine in each process here. Needs valgrind (Debian: `apt-
 minutes here, most of it Anytime loading and warming its engines under valgrind.
 
     python -m bench.instructions [--ladder ladders/default] [--rung NAME] [--requests 100] [--repeats 5] \
-        [--out reports/instructions]
+        [--out reports/instructions] [--only floor,plain,lean,anytime,engine] [--against BEFORE.json]
+
+A change to the request path, counted before and after (the code before from a git worktree, first on PYTHONPATH;
+separate processes of the same code differ by up to 0.8 %, see `against`, so repeat each side for a small change):
+
+    git worktree add /tmp/before HEAD~1
+    PYTHONPATH=/tmp/before python -m bench.instructions --only anytime --out /tmp/before-counts
+    python -m bench.instructions --only anytime --out /tmp/after-counts --against /tmp/before-counts/instructions.json
 """
 
 from __future__ import annotations
@@ -223,14 +230,19 @@ def serve_engine_loop(ladder_dir: Path, rung_name: str) -> None:
         print("done", flush=True)
 
 
-def measure(ladder_dir: Path, rung_name: str | None, n: int, repeats: int, out: Path) -> dict[str, Any]:
+SERVERS = ("floor", "plain", "lean", "anytime", "engine")  # what --only may name
+
+
+def measure(
+    ladder_dir: Path, rung_name: str | None, n: int, repeats: int, out: Path, only: tuple[str, ...] = SERVERS
+) -> dict[str, Any]:
     ladder = load_ladder(ladder_dir)
     rung = next(r for r in ladder.rungs if r.name == rung_name) if rung_name else pick_rungs(ladder)["fastest INT8"]
     images = FashionMNIST().split("test").images[:200]
     pngs = [png_base64(im) for im in images]
     fixed = {"deadline_ms": 60000, "policy": "fixed", "rung": rung.name}  # a deadline valgrind's pace cannot miss
     report: dict[str, Any] = {"rung": rung.name, "requests": n, "repeats": repeats, "processes": {}}
-    for label in ("floor", "plain", "lean"):
+    for label in [b for b in ("floor", "plain", "lean") if b in only]:
         cg = Callgrind(out / "callgrind" / label)
         floor, lean = label == "floor", label == "lean"
         with running_baseline(ladder_dir, rung.name, timeout_s=600, floor=floor, lean=lean, wrap=cg.wrap) as url:
@@ -239,6 +251,26 @@ def measure(ladder_dir: Path, rung_name: str | None, n: int, repeats: int, out: 
             report["processes"][label] = count(cg, send, n, repeats)
             conn.close()
         print(f"{label}: {report['processes'][label]['instructions']:,.0f} instructions/request", flush=True)
+    if "anytime" in only:
+        anytime(ladder_dir, images, pngs, fixed, n, repeats, out, report)
+    if "engine" in only:
+        cg = Callgrind(out / "callgrind" / "engine")
+        with engine_loop(cg, ladder_dir, rung.name) as send:
+            report["processes"]["bare engine"] = count(cg, send, n, repeats)
+    return report
+
+
+def anytime(
+    ladder_dir: Path,
+    images: Any,
+    pngs: list[str],
+    fixed: dict[str, Any],
+    n: int,
+    repeats: int,
+    out: Path,
+    report: dict[str, Any],
+) -> None:
+    """Anytime fixed on the rung, under callgrind, with each body form in turn."""
     cg = Callgrind(out / "callgrind" / "anytime")
     with running_server(ladder_dir, timeout_s=1800, wrap=cg.wrap, ANYTIME_WARMUP_RUNS="2") as url:
         cg.attach()
@@ -254,25 +286,36 @@ def measure(ladder_dir: Path, rung_name: str | None, n: int, repeats: int, out: 
             report["processes"][label] = count(cg, send, n, repeats)
             conn.close()
             print(f"{label}: {report['processes'][label]['instructions']:,.0f} instructions/request", flush=True)
-    cg = Callgrind(out / "callgrind" / "engine")
-    with engine_loop(cg, ladder_dir, rung.name) as send:
-        report["processes"]["bare engine"] = count(cg, send, n, repeats)
-    return report
 
 
 def ratios(report: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each server's path (minus the bare engine) and its ratios to plain's and lean's, where those were counted."""
     p = report["processes"]
+    if "bare engine" not in p:
+        return {}
     engine = p["bare engine"]["instructions"]
     path = {k: v["instructions"] - engine for k, v in p.items() if k not in ("bare engine", "floor")}
-    return {
-        k: {
-            "total / plain": p[k]["instructions"] / p["plain"]["instructions"],
-            "path": v,
-            "path / plain": v / path["plain"],
-            "path / lean": v / path["lean"],
-        }
-        for k, v in path.items()
-    }
+    out: dict[str, dict[str, float]] = {k: {"path": v} for k, v in path.items()}
+    for k, v in path.items():
+        if "plain" in p:
+            out[k]["total / plain"] = p[k]["instructions"] / p["plain"]["instructions"]
+            out[k]["path / plain"] = v / path["plain"]
+        if "lean" in p:
+            out[k]["path / lean"] = v / path["lean"]
+    return out
+
+
+def against(report: dict[str, Any], before: dict[str, Any]) -> str:
+    """Each process counted in both reports: its instructions before and now, and the difference. The same code
+    counted in separate processes differed here by up to 0.8 % (Anytime JSON: 3,751,351 to 3,782,273 in five
+    processes; mostly ONNX Runtime's bursting thread and the C library), so count a small change in several processes
+    a side."""
+    lines = [f"{'process':<16}{'before':>14}{'now':>14}{'difference':>14}"]
+    for name, v in report["processes"].items():
+        if name in before["processes"]:
+            was, now = before["processes"][name]["instructions"], v["instructions"]
+            lines.append(f"{name:<16}{was:>14,.0f}{now:>14,.0f}{now - was:>+14,.0f}{(now - was) / was:>+9.2%}")
+    return "\n".join(lines)
 
 
 def table(report: dict[str, Any]) -> str:
@@ -287,8 +330,9 @@ def table(report: dict[str, Any]) -> str:
         row = f"{name:<16}{v['instructions']:>14,.0f}{v['spread']:>8.2%}"
         if name in r:
             x = r[name]
-            row += f"{x['path']:>14,.0f}{x['total / plain']:>8.2f}x"
-            row += f"{x['path / plain']:>11.2f}x{x['path / lean']:>10.2f}x"
+            row += f"{x['path']:>14,.0f}"
+            for key, width in (("total / plain", 8), ("path / plain", 11), ("path / lean", 10)):
+                row += f"{x[key]:>{width}.2f}x" if key in x else " " * (width + 1)
         lines.append(row)
     labels = [g for g, _ in GROUPS] + ["other"]
     lines += ["", "Where they go (instructions per request, self, by shared object)"]
@@ -328,6 +372,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100, help="requests per counted window")
     parser.add_argument("--repeats", type=int, default=5, help="counted windows per process")
     parser.add_argument("--out", type=Path, default=Path("reports/instructions"))
+    parser.add_argument(
+        "--only", default=",".join(SERVERS), help=f"which to count, comma-separated, of {','.join(SERVERS)}"
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        metavar="BEFORE.json",
+        help="an earlier run's instructions.json (e.g. of the code before a change, from a git worktree first on "
+        "PYTHONPATH): print each process's difference from it",
+    )
     parser.add_argument("--engine-loop", metavar="RUNG", help=argparse.SUPPRESS)  # the bare engine's own process
     args = parser.parse_args()
     if args.engine_loop:
@@ -336,14 +390,20 @@ def main() -> None:
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     if missing:
         raise SystemExit(f"error: {', '.join(missing)} not found; install valgrind (Debian: apt-get install valgrind)")
+    only = tuple(name.strip() for name in args.only.split(",") if name.strip())
+    if not only or set(only) - set(SERVERS):
+        parser.error(f"--only takes names of {', '.join(SERVERS)}; got {args.only!r}")
+    before = json.loads(args.against.read_text()) if args.against else None
     if args.out.exists():
         shutil.rmtree(args.out / "callgrind", ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = measure(args.ladder, args.rung, args.requests, args.repeats, args.out)
+    report = measure(args.ladder, args.rung, args.requests, args.repeats, args.out, only)
     report["ratios"] = ratios(report)
     (args.out / "instructions.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "instructions.png")
     print(table(report))
+    if before is not None:
+        print(f"\nAgainst {args.against}:\n{against(report, before)}")
     print(f"report: {args.out / 'instructions.json'}, plot: {args.out / 'instructions.png'}")
 
 

@@ -184,3 +184,22 @@ def test_bench_instructions_counts_a_real_engine_mostly_in_onnx_runtime_and_its_
     assert counted["instructions"] == min(counted["repeats"])
     assert sum(counted["by_object"].values()) == pytest.approx(counted["instructions"], rel=1e-9)
     assert counted["by_object"]["ONNX Runtime"] > counted["by_object"]["Python interpreter"] > 0
+
+
+def test_bench_instructions_ratios_and_differences_cover_only_what_was_counted() -> None:
+    """`--only` leaves some processes out: ratios to a process not counted are left out, not failed; `--against`
+    compares the processes both runs counted."""
+
+    def counted(ir: float) -> dict[str, Any]:
+        return {"instructions": ir, "spread": 0.0, "repeats": [ir], "by_object": {}}
+
+    processes = {"plain": counted(4_000_000), "anytime json": counted(3_500_000), "bare engine": counted(3_000_000)}
+    report = {"processes": processes}
+    assert instructions.ratios(report) == {
+        "plain": {"path": 1e6, "total / plain": 1.0, "path / plain": 1.0},
+        "anytime json": {"path": 5e5, "total / plain": 0.875, "path / plain": 0.5},
+    }
+    assert instructions.ratios({"processes": {"anytime json": counted(3_500_000)}}) == {}
+    before = {"processes": {"anytime json": counted(3_510_000), "lean": counted(3_400_000)}}
+    lines = instructions.against(report, before).splitlines()
+    assert len(lines) == 2 and lines[1].split() == ["anytime", "json", "3,510,000", "3,500,000", "-10,000", "-0.28%"]
