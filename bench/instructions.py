@@ -54,7 +54,7 @@ from bench.frontdoor import binary_requests, json_requests, pick_rungs
 from engines.factory import open_engine
 from engines.manifest import load_ladder
 from loadtest.baseline import running_baseline
-from loadtest.harness import png_base64, running_server
+from loadtest.harness import png_base64, reap, running_server
 from loadtest.http import BlockingConnection
 from models.data import FashionMNIST, PreprocessSpec
 
@@ -209,11 +209,7 @@ def engine_loop(cg: Callgrind, ladder_dir: Path, rung: str) -> Iterator[Send]:
         yield send
     finally:
         stdin.close()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        reap(proc, 60)
 
 
 def serve_engine_loop(ladder_dir: Path, rung_name: str) -> None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -45,6 +46,15 @@ def running_server(
         yield url
 
 
+def reap(proc: subprocess.Popen[Any], timeout_s: float) -> None:
+    """Wait for a process asked to stop; kill it if it has not within `timeout_s`."""
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def running_process(
     argv: list[str], port: int, timeout_s: float = 120, env: dict[str, str] | None = None, log_path: Path | None = None
@@ -75,9 +85,5 @@ def running_process(
         yield url
     finally:
         proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        reap(proc, 10)
         log.close()
