@@ -174,7 +174,9 @@ def count(cg: Callgrind, send: Send, n: int, repeats: int) -> dict[str, Any]:
     }
 
 
-def http_sender(url: str, requests: list[bytes]) -> tuple[Send, BlockingConnection]:
+@contextmanager
+def http_sender(url: str, requests: list[bytes]) -> Iterator[Send]:
+    """One keep-alive connection that sends request i of `requests` (cycling) and checks it was answered 200."""
     conn = BlockingConnection(url, timeout_s=120)
 
     def send(i: int) -> None:
@@ -182,7 +184,10 @@ def http_sender(url: str, requests: list[bytes]) -> tuple[Send, BlockingConnecti
         if response.status != 200:
             raise RuntimeError(f"{url} answered {response.status}: {response.body[:300]!r}")
 
-    return send, conn
+    try:
+        yield send
+    finally:
+        conn.close()
 
 
 @contextmanager
@@ -237,51 +242,39 @@ def measure(
     images = FashionMNIST().split("test").images[:200]
     pngs = [png_base64(im) for im in images]
     fixed = {"deadline_ms": 60000, "policy": "fixed", "rung": rung.name}  # a deadline valgrind's pace cannot miss
-    report: dict[str, Any] = {"rung": rung.name, "requests": n, "repeats": repeats, "processes": {}}
+    processes: dict[str, Any] = {}
+    report: dict[str, Any] = {"rung": rung.name, "requests": n, "repeats": repeats, "processes": processes}
+
+    def counted(label: str, cg: Callgrind, send: Send) -> None:
+        processes[label] = count(cg, send, n, repeats)
+        print(f"{label}: {processes[label]['instructions']:,.0f} instructions/request", flush=True)
+
     for label in [b for b in ("floor", "plain", "lean") if b in only]:
         cg = Callgrind(out / "callgrind" / label)
         floor, lean = label == "floor", label == "lean"
         with running_baseline(ladder_dir, rung.name, timeout_s=600, floor=floor, lean=lean, wrap=cg.wrap) as url:
             cg.attach()
-            send, conn = http_sender(url, json_requests(url, pngs, deadline_ms=60000))
-            report["processes"][label] = count(cg, send, n, repeats)
-            conn.close()
-        print(f"{label}: {report['processes'][label]['instructions']:,.0f} instructions/request", flush=True)
-    if "anytime" in only:
-        anytime(ladder_dir, images, pngs, fixed, n, repeats, out, report)
+            with http_sender(url, json_requests(url, pngs, deadline_ms=60000)) as send:
+                counted(label, cg, send)
+    if "anytime" in only:  # one server, each body form in turn
+        cg = Callgrind(out / "callgrind" / "anytime")
+        with running_server(ladder_dir, timeout_s=1800, wrap=cg.wrap, ANYTIME_WARMUP_RUNS="2") as url:
+            cg.attach()
+            bodies = {
+                "anytime json": json_requests(url, pngs, **fixed),
+                "anytime png": binary_requests(url, [base64.b64decode(p) for p in pngs], "image/png", **fixed),
+                "anytime tensor": binary_requests(
+                    url, [im.tobytes() for im in images], "application/x-tensor", dtype="uint8", shape="28,28", **fixed
+                ),
+            }
+            for form, requests in bodies.items():
+                with http_sender(url, requests) as send:
+                    counted(form, cg, send)
     if "engine" in only:
         cg = Callgrind(out / "callgrind" / "engine")
         with engine_loop(cg, ladder_dir, rung.name) as send:
-            report["processes"]["bare engine"] = count(cg, send, n, repeats)
+            counted("bare engine", cg, send)
     return report
-
-
-def anytime(
-    ladder_dir: Path,
-    images: Any,
-    pngs: list[str],
-    fixed: dict[str, Any],
-    n: int,
-    repeats: int,
-    out: Path,
-    report: dict[str, Any],
-) -> None:
-    """Anytime fixed on the rung, under callgrind, with each body form in turn."""
-    cg = Callgrind(out / "callgrind" / "anytime")
-    with running_server(ladder_dir, timeout_s=1800, wrap=cg.wrap, ANYTIME_WARMUP_RUNS="2") as url:
-        cg.attach()
-        bodies = {
-            "anytime json": json_requests(url, pngs, **fixed),
-            "anytime png": binary_requests(url, [base64.b64decode(p) for p in pngs], "image/png", **fixed),
-            "anytime tensor": binary_requests(
-                url, [im.tobytes() for im in images], "application/x-tensor", dtype="uint8", shape="28,28", **fixed
-            ),
-        }
-        for label, requests in bodies.items():
-            send, conn = http_sender(url, requests)
-            report["processes"][label] = count(cg, send, n, repeats)
-            conn.close()
-            print(f"{label}: {report['processes'][label]['instructions']:,.0f} instructions/request", flush=True)
 
 
 def ratios(report: dict[str, Any]) -> dict[str, dict[str, float]]:
